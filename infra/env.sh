@@ -1,0 +1,77 @@
+# Defaults of the local stack. Sourced by every infra script; each value can be set beforehand in the
+# environment, and every onceflow command reads the same ONCEFLOW_* variables.
+# shellcheck shell=bash
+ONCEFLOW_ROOT="${ONCEFLOW_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+export ONCEFLOW_HOME="${ONCEFLOW_HOME:-$ONCEFLOW_ROOT/.onceflow}"
+export ONCEFLOW_CACHE="${ONCEFLOW_CACHE:-$ONCEFLOW_ROOT/.cache}"
+
+export ONCEFLOW_KAFKA_VERSION="${ONCEFLOW_KAFKA_VERSION:-4.1.1}"
+export ONCEFLOW_KAFKA_HOST="${ONCEFLOW_KAFKA_HOST:-127.0.0.1}"
+export ONCEFLOW_KAFKA_PORT="${ONCEFLOW_KAFKA_PORT:-19092}"
+export ONCEFLOW_KAFKA_CONTROLLER_PORT="${ONCEFLOW_KAFKA_CONTROLLER_PORT:-19093}"
+export ONCEFLOW_KAFKA_DATA="${ONCEFLOW_KAFKA_DATA:-$ONCEFLOW_HOME/kafka}"
+export ONCEFLOW_KAFKA_HEAP="${ONCEFLOW_KAFKA_HEAP:-768m}"
+export ONCEFLOW_KAFKA_BOOTSTRAP="${ONCEFLOW_KAFKA_BOOTSTRAP:-$ONCEFLOW_KAFKA_HOST:$ONCEFLOW_KAFKA_PORT}"
+
+export ONCEFLOW_PG_HOST="${ONCEFLOW_PG_HOST:-127.0.0.1}"
+export ONCEFLOW_PG_PORT="${ONCEFLOW_PG_PORT:-15432}"
+export ONCEFLOW_PG_DATA="${ONCEFLOW_PG_DATA:-$ONCEFLOW_HOME/postgres}"
+export ONCEFLOW_PG_USER="${ONCEFLOW_PG_USER:-onceflow}"
+export ONCEFLOW_PG_PASSWORD="${ONCEFLOW_PG_PASSWORD:-onceflow}"
+export ONCEFLOW_PG_DATABASE="${ONCEFLOW_PG_DATABASE:-onceflow}"
+export ONCEFLOW_PG_MAX_PREPARED="${ONCEFLOW_PG_MAX_PREPARED:-100}"
+export ONCEFLOW_PG_DSN="${ONCEFLOW_PG_DSN:-postgresql://$ONCEFLOW_PG_USER:$ONCEFLOW_PG_PASSWORD@$ONCEFLOW_PG_HOST:$ONCEFLOW_PG_PORT/$ONCEFLOW_PG_DATABASE}"
+
+# The ledger: an embedded SQLite file unless pointed elsewhere (any SQLAlchemy URL).
+export ONCEFLOW_LEDGER_URL="${ONCEFLOW_LEDGER_URL:-sqlite:///$ONCEFLOW_HOME/ledger.db}"
+
+onceflow_say() { printf '[onceflow] %s\n' "$*" >&2; }
+onceflow_die() { printf '[onceflow] error: %s\n' "$*" >&2; exit 1; }
+
+# Wait until CHECK (a command) succeeds, the process in PIDFILE is alive, and at most TIMEOUT seconds.
+onceflow_wait_for() {
+  local what=$1 pidfile=$2 timeout=$3 log=$4; shift 4
+  local waited=0
+  until "$@" >/dev/null 2>&1; do
+    if [ -n "$pidfile" ] && ! kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null; then
+      onceflow_say "$what exited while starting; last lines of $log:"
+      tail -n 30 "$log" >&2 || true
+      return 1
+    fi
+    if [ "$waited" -ge "$timeout" ]; then
+      onceflow_say "$what did not answer within ${timeout}s; last lines of $log:"
+      tail -n 30 "$log" >&2 || true
+      return 1
+    fi
+    sleep 1; waited=$((waited + 1))
+  done
+}
+
+# Stop the process in PIDFILE: SIGTERM, then SIGKILL after TIMEOUT seconds (or at once with SIGNAL=KILL).
+onceflow_stop_pid() {
+  local what=$1 pidfile=$2 timeout=${3:-30} signal=${4:-TERM}
+  local pid
+  pid=$(head -n 1 "$pidfile" 2>/dev/null || true)
+  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+    onceflow_say "$what is not running"
+    rm -f "$pidfile"
+    return 0
+  fi
+  onceflow_say "stopping $what (pid $pid, SIG$signal)"
+  # With SIGKILL the children go too (a killed postmaster leaves its backends holding shared memory).
+  local children=""
+  [ "$signal" = KILL ] && children=$(pgrep -P "$pid" || true)
+  # shellcheck disable=SC2086
+  kill "-$signal" "$pid" $children 2>/dev/null || true
+  local waited=0
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$waited" -ge $((timeout * 2)) ]; then
+      onceflow_say "$what still running after ${timeout}s, sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    sleep 0.5; waited=$((waited + 1))
+  done
+  rm -f "$pidfile"
+}
+
+onceflow_port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }

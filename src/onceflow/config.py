@@ -1,0 +1,67 @@
+"""Connection settings, read from the same ONCEFLOW_* variables that `make services` prints.
+
+Every onceflow command, DAG and Spark job goes through `Settings.from_env()`, so pointing onceflow at
+another Kafka, PostgreSQL or ledger is a matter of setting these variables (or Airflow connections, which
+the plugins translate into the same settings).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from onceflow.errors import ConfigError
+
+_DEFAULT_HOME = Path.cwd() / ".onceflow"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the services are. Values are plain strings so they pass unchanged to subprocesses."""
+
+    home: Path
+    kafka_bootstrap: str
+    pg_dsn: str
+    ledger_url: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        home = Path(env.get("ONCEFLOW_HOME") or _DEFAULT_HOME)
+        settings = cls(
+            home=home,
+            kafka_bootstrap=env.get("ONCEFLOW_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
+            pg_dsn=env.get(
+                "ONCEFLOW_PG_DSN", "postgresql://onceflow:onceflow@127.0.0.1:15432/onceflow"
+            ),
+            ledger_url=env.get("ONCEFLOW_LEDGER_URL") or f"sqlite:///{home / 'ledger.db'}",
+        )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Reject values that cannot work, naming the variable, before anything connects."""
+        for host_port in self.kafka_bootstrap.split(","):
+            host, sep, port = host_port.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ConfigError(
+                    f"ONCEFLOW_KAFKA_BOOTSTRAP={self.kafka_bootstrap!r}: expected host:port[,host:port...]"
+                )
+        if not self.pg_dsn.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(f"ONCEFLOW_PG_DSN={self.pg_dsn!r}: expected a postgresql:// URL")
+        if "://" not in self.ledger_url:
+            raise ConfigError(
+                f"ONCEFLOW_LEDGER_URL={self.ledger_url!r}: expected an SQLAlchemy URL such as "
+                "sqlite:///path/ledger.db or postgresql+psycopg://user:pw@host/db"
+            )
+
+    def as_env(self) -> dict[str, str]:
+        """The settings as ONCEFLOW_* variables, for spark-submit and other child processes."""
+        return {
+            "ONCEFLOW_HOME": str(self.home),
+            "ONCEFLOW_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "ONCEFLOW_PG_DSN": self.pg_dsn,
+            "ONCEFLOW_LEDGER_URL": self.ledger_url,
+        }

@@ -1,0 +1,117 @@
+"""The two-phase sink interface.
+
+A sink is split in two, as in Flink's Sink V2:
+
+* a `SinkWriter` runs inside a Spark task: ``begin(task) -> write(rows)* -> pre_commit()`` stages the
+  task's output durably without making it visible and returns a `Committable`, a small JSON handle that
+  the task reports to the ledger;
+* a `SinkCommitter` runs in the coordinator, in another process, possibly much later and possibly
+  several times: ``commit(c)`` makes the staged output visible and ``abort(c)`` discards it. Both must be
+  idempotent, because a crash can interrupt them at any point and recovery simply calls them again.
+  ``orphans(pipeline)`` lists what is staged in the sink, so that the sweeper can roll back whatever the
+  ledger does not own.
+
+Executors import writers only and the coordinator committers only, so neither drags in the other's
+dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Identifies one attempt of one parallel task of one epoch.
+
+    ``task`` is stable across retries of the same piece of work (e.g. ``"s0-p3"`` for slice 0, output
+    partition 3); ``attempt`` differs for each retry or speculative copy, so that the ledger can accept
+    exactly one attempt per task.
+    """
+
+    pipeline: str
+    epoch: int
+    task: str
+    attempt: str
+    sink: str
+
+    @property
+    def txn_id(self) -> str:
+        """A deterministic transaction id, unique per (pipeline, epoch, sink, task, attempt)."""
+        return f"of:{self.pipeline}:{self.epoch}:{self.sink}:{self.task}:{self.attempt}"
+
+
+@dataclass(frozen=True)
+class Committable:
+    """What a writer hands to the coordinator: enough to commit or abort the staged output later."""
+
+    sink: str
+    task: str
+    attempt: str
+    epoch: int
+    pipeline: str
+    handle: Mapping[str, Any] = field(default_factory=dict)
+    record_count: int = 0
+    checksum: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "sink": self.sink,
+                "task": self.task,
+                "attempt": self.attempt,
+                "epoch": self.epoch,
+                "pipeline": self.pipeline,
+                "handle": dict(self.handle),
+                "record_count": self.record_count,
+                "checksum": self.checksum,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Committable:
+        data = json.loads(text)
+        return cls(
+            sink=data["sink"],
+            task=data["task"],
+            attempt=data["attempt"],
+            epoch=int(data["epoch"]),
+            pipeline=data["pipeline"],
+            handle=data.get("handle", {}),
+            record_count=int(data.get("record_count", 0)),
+            checksum=data.get("checksum", ""),
+        )
+
+
+class SinkWriter(Protocol):
+    """Runs in a Spark task. One instance per task attempt."""
+
+    def begin(self, task: TaskContext) -> None: ...
+
+    def write(self, rows: Iterable[Row]) -> None: ...
+
+    def pre_commit(self) -> Committable:
+        """Make the staged output durable (but invisible) and describe it."""
+        ...
+
+    def abort(self) -> None:
+        """Discard this attempt's staged output (e.g. the ledger refused the pre-commit)."""
+        ...
+
+
+class SinkCommitter(Protocol):
+    """Runs in the coordinator. Every method is idempotent and may be called any number of times."""
+
+    def commit(self, committable: Committable) -> None: ...
+
+    def abort(self, committable: Committable) -> None: ...
+
+    def orphans(self, pipeline: str) -> list[Committable]:
+        """Everything staged or prepared in the sink for this pipeline that is not yet committed."""
+        ...
