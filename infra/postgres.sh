@@ -45,7 +45,8 @@ init_once() {
       "the postgres user cannot reach $ONCEFLOW_PG_DATA (a parent folder is private): set ONCEFLOW_PG_DATA to a folder it can reach"
   fi
   # Loopback only, trust for local development; point ONCEFLOW_PG_DSN at your own server in production.
-  as_owner "$BINDIR/initdb" -D "$ONCEFLOW_PG_DATA" -U postgres --auth=trust --encoding=UTF8 --no-locale >&2
+  as_owner "$BINDIR/initdb" -D "$ONCEFLOW_PG_DATA" -U postgres --auth=trust --encoding=UTF8 --no-locale >"$ONCEFLOW_HOME/initdb.log" 2>&1 \
+    || { tail -n 20 "$ONCEFLOW_HOME/initdb.log" >&2; onceflow_die "initdb failed"; }
 }
 
 start() {

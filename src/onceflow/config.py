@@ -33,9 +33,7 @@ class Settings:
         settings = cls(
             home=home,
             kafka_bootstrap=env.get("ONCEFLOW_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
-            pg_dsn=env.get(
-                "ONCEFLOW_PG_DSN", "postgresql://onceflow:onceflow@127.0.0.1:15432/onceflow"
-            ),
+            pg_dsn=env.get("ONCEFLOW_PG_DSN", "postgresql://onceflow:onceflow@127.0.0.1:15432/onceflow"),
             ledger_url=env.get("ONCEFLOW_LEDGER_URL") or f"sqlite:///{home / 'ledger.db'}",
         )
         settings.validate()

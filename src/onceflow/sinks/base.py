@@ -6,8 +6,11 @@ A sink is split in two, as in Flink's Sink V2:
   task's output durably without making it visible and returns a `Committable`, a small JSON handle that
   the task reports to the ledger;
 * a `SinkCommitter` runs in the coordinator, in another process, possibly much later and possibly
-  several times: ``commit(c)`` makes the staged output visible and ``abort(c)`` discards it. Both must be
-  idempotent, because a crash can interrupt them at any point and recovery simply calls them again.
+  several times: ``commit(cs)`` makes the staged output of an epoch's committables visible and
+  ``abort(cs)`` discards it. Both take all of one epoch's committables for the sink at once (as Flink's
+  ``Committer.commit(Collection)``), so that a sink may group them, e.g. one Kafka transaction per slice.
+  Both must be idempotent, because a crash can interrupt them at any point and recovery simply calls them
+  again.
   ``orphans(pipeline)`` lists what is staged in the sink, so that the sweeper can roll back whatever the
   ledger does not own.
 
@@ -18,9 +21,11 @@ dependencies.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from onceflow.offsets import OffsetRange
 
 Row = Mapping[str, Any]
 
@@ -29,16 +34,19 @@ Row = Mapping[str, Any]
 class TaskContext:
     """Identifies one attempt of one parallel task of one epoch.
 
-    ``task`` is stable across retries of the same piece of work (e.g. ``"s0-p3"`` for slice 0, output
-    partition 3); ``attempt`` differs for each retry or speculative copy, so that the ledger can accept
-    exactly one attempt per task.
+    ``task`` is stable across retries of the same piece of work (e.g. ``"s0-t3"`` for slice 0, task 3);
+    ``attempt`` differs for each retry or speculative copy, so that the ledger can accept exactly one
+    attempt per task. A slice owns its input partitions; ``inputs`` are the offset ranges whose records
+    produced this task's output (all of the slice's ranges when the task follows a shuffle).
     """
 
     pipeline: str
     epoch: int
+    slice: int
     task: str
     attempt: str
     sink: str
+    inputs: tuple[OffsetRange, ...] = ()
 
     @property
     def txn_id(self) -> str:
@@ -50,23 +58,40 @@ class TaskContext:
 class Committable:
     """What a writer hands to the coordinator: enough to commit or abort the staged output later."""
 
-    sink: str
+    pipeline: str
+    epoch: int
+    slice: int
     task: str
     attempt: str
-    epoch: int
-    pipeline: str
+    sink: str
+    inputs: tuple[OffsetRange, ...] = ()
     handle: Mapping[str, Any] = field(default_factory=dict)
     record_count: int = 0
     checksum: str = ""
 
+    @classmethod
+    def for_task(cls, task: TaskContext, **fields: Any) -> Committable:
+        return cls(
+            pipeline=task.pipeline,
+            epoch=task.epoch,
+            slice=task.slice,
+            task=task.task,
+            attempt=task.attempt,
+            sink=task.sink,
+            inputs=task.inputs,
+            **fields,
+        )
+
     def to_json(self) -> str:
         return json.dumps(
             {
-                "sink": self.sink,
+                "pipeline": self.pipeline,
+                "epoch": self.epoch,
+                "slice": self.slice,
                 "task": self.task,
                 "attempt": self.attempt,
-                "epoch": self.epoch,
-                "pipeline": self.pipeline,
+                "sink": self.sink,
+                "inputs": [[r.topic, r.partition, r.from_offset, r.until_offset] for r in self.inputs],
                 "handle": dict(self.handle),
                 "record_count": self.record_count,
                 "checksum": self.checksum,
@@ -78,11 +103,13 @@ class Committable:
     def from_json(cls, text: str) -> Committable:
         data = json.loads(text)
         return cls(
-            sink=data["sink"],
+            pipeline=data["pipeline"],
+            epoch=int(data["epoch"]),
+            slice=int(data["slice"]),
             task=data["task"],
             attempt=data["attempt"],
-            epoch=int(data["epoch"]),
-            pipeline=data["pipeline"],
+            sink=data["sink"],
+            inputs=tuple(OffsetRange(t, int(p), int(a), int(b)) for t, p, a, b in data.get("inputs", [])),
             handle=data.get("handle", {}),
             record_count=int(data.get("record_count", 0)),
             checksum=data.get("checksum", ""),
@@ -108,9 +135,13 @@ class SinkWriter(Protocol):
 class SinkCommitter(Protocol):
     """Runs in the coordinator. Every method is idempotent and may be called any number of times."""
 
-    def commit(self, committable: Committable) -> None: ...
+    def commit(self, committables: Sequence[Committable]) -> None:
+        """Make these staged outputs visible; committing twice has the effect of committing once."""
+        ...
 
-    def abort(self, committable: Committable) -> None: ...
+    def abort(self, committables: Sequence[Committable]) -> None:
+        """Discard these staged outputs; never touches output that is already committed."""
+        ...
 
     def orphans(self, pipeline: str) -> list[Committable]:
         """Everything staged or prepared in the sink for this pipeline that is not yet committed."""
