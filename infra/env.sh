@@ -75,3 +75,6 @@ onceflow_stop_pid() {
 }
 
 onceflow_port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+# Where DAGs find the spark-submit entry points (docker-compose mounts them elsewhere).
+export ONCEFLOW_SPARK_JOBS="${ONCEFLOW_SPARK_JOBS:-$ONCEFLOW_ROOT/spark_jobs}"
