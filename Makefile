@@ -7,13 +7,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.onceflow-installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv jars services services-stop demo test lint unit clean
+.PHONY: help venv jars services services-stop demo airflow-ui test lint unit clean
 
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
 	@echo "make test           lint, type-check and run the whole test suite against the real services"
 	@echo "make services       start Kafka and PostgreSQL; prints KEY=VALUE settings to eval"
 	@echo "make services-stop  stop them (data is kept in .onceflow/)"
+	@echo "make airflow-ui     airflow standalone (UI on http://localhost:8080) on the local stack and DAGs"
 	@echo "make lint           ruff and mypy"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -46,6 +47,10 @@ lint: venv
 demo: venv jars
 	@set -a; eval "$$(infra/services.sh start)"; set +a; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m onceflow.demo
+
+airflow-ui: venv jars
+	@set -a; eval "$$(infra/services.sh start)"; set +a; \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m onceflow.local_airflow standalone
 
 test: lint jars
 	@set -a; eval "$$(infra/services.sh start)"; set +a; \

@@ -6,6 +6,7 @@ skipped integration test proves nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -61,10 +62,8 @@ def make_topic(kafka_admin) -> Iterator[Callable[..., str]]:  # type: ignore[no-
     yield make
     if created:
         for future in kafka_admin.delete_topics(created).values():
-            try:
+            with contextlib.suppress(Exception):  # a test may have deleted it already
                 future.result(timeout=30)
-            except Exception:
-                pass
 
 
 @pytest.fixture
@@ -96,3 +95,21 @@ def pg_database(settings: Settings) -> Iterator[str]:
     yield f"{base}/{name}"
     with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def spark_env(settings: Settings) -> dict[str, str]:
+    """Environment for spark-submit child processes: the venv's Python on executors, ONCEFLOW_* settings."""
+    from onceflow.local_airflow import spark_environment
+
+    return spark_environment(settings)
+
+
+@pytest.fixture(scope="session")
+def airflow_env(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> dict[str, str]:
+    """An Airflow home with a migrated metadata DB, the repo's dags/ and a local Spark connection."""
+    from onceflow.local_airflow import airflow_environment, migrate
+
+    env = airflow_environment(settings, ROOT, tmp_path_factory.mktemp("airflow-home"))
+    migrate(env)
+    return env
