@@ -8,7 +8,16 @@ set -euo pipefail
 # shellcheck source=infra/env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
-LOG="$ONCEFLOW_HOME/postgres.log"
+# The server runs as the 'postgres' user when we are root; if it cannot reach the default data folder
+# (a private parent such as /root), use a folder of its own beside the other system services' data.
+if [ "$(id -u)" = 0 ] && [ "$ONCEFLOW_PG_DATA" = "$ONCEFLOW_HOME/postgres" ]; then
+  mkdir -p "$ONCEFLOW_HOME"
+  if ! runuser -u postgres -- test -x "$ONCEFLOW_HOME"; then
+    ONCEFLOW_PG_DATA="/var/lib/onceflow/postgres-$(printf '%s' "$ONCEFLOW_HOME" | md5sum | cut -c1-12)"
+    mkdir -p "$(dirname "$ONCEFLOW_PG_DATA")"
+  fi
+fi
+LOG="$ONCEFLOW_PG_DATA.log"
 PIDFILE="$ONCEFLOW_PG_DATA/postmaster.pid"
 
 find_bindir() {
