@@ -1,0 +1,125 @@
+"""PostgreSQL helpers shared by the PostgreSQL sinks: table config, identifiers, row checks.
+
+psycopg is imported inside functions only, so importing a sink module on a Spark executor stays cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from onceflow.errors import ConfigError
+from onceflow.sinks._config import ConfigReader, default_pg_dsn
+from onceflow.sinks.base import Row
+from onceflow.sinks.errors import RowError
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg import sql
+
+
+@dataclass(frozen=True)
+class PgTableConfig:
+    """A target table: where it is, its columns and whether the sink creates it.
+
+    Column types are SQL text from the pipeline's own configuration (trusted, like a migration).
+    """
+
+    dsn: str
+    table: str
+    columns: tuple[tuple[str, str], ...]
+    create_table: bool = True
+    batch_size: int = 1000
+    name: str | None = None
+
+    @classmethod
+    def read(cls, reader: ConfigReader) -> PgTableConfig:
+        dsn = reader.optional_string("dsn") or default_pg_dsn()
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(f"{reader.kind} sink config dsn: expected a postgresql:// URL")
+        return cls(
+            dsn=dsn,
+            table=reader.string("table"),
+            columns=reader.columns(),
+            create_table=reader.boolean("create_table", True),
+            batch_size=reader.integer("batch_size", 1000, minimum=1),
+            name=reader.optional_string("name"),
+        )
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.columns)
+
+
+def table_identifier(name: str) -> sql.Composable:
+    """``schema.table`` or ``table`` as a quoted identifier."""
+    from psycopg import sql
+
+    return sql.Identifier(*name.split("."))
+
+
+def column_list(names: Iterable[str]) -> sql.Composable:
+    from psycopg import sql
+
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+def create_table_if_missing(conn: psycopg.Connection[Any], table: PgTableConfig, extra: str = "") -> None:
+    """Create the target table (outside any data transaction) unless it exists.
+
+    Concurrent tasks may race on ``CREATE TABLE IF NOT EXISTS``; the loser's duplicate error is harmless.
+    """
+    from psycopg import sql
+
+    definitions = sql.SQL(", ").join(
+        sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t))
+        for n, t in table.columns
+    )
+    if extra:
+        definitions = sql.SQL("{}, {}").format(definitions, sql.SQL(extra))
+    statement = sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+        table_identifier(table.table), definitions
+    )
+    run_ddl(conn, statement)
+
+
+def run_ddl(conn: psycopg.Connection[Any], statement: sql.Composed) -> None:
+    from psycopg import errors
+
+    try:
+        with conn.transaction():
+            conn.execute(statement)
+    except (errors.UniqueViolation, errors.DuplicateTable, errors.DuplicateObject):
+        pass  # another task created it at the same moment
+
+
+def row_values(row: Row, columns: tuple[str, ...], where: str) -> tuple[Any, ...]:
+    """The row's values in column order; a missing or unknown column is an error, never dropped."""
+    if not isinstance(row, Mapping):
+        raise RowError(f"{where}: a row must be a mapping of column -> value, got {type(row).__name__}")
+    if len(row) != len(columns) or any(c not in row for c in columns):
+        missing = [c for c in columns if c not in row]
+        unknown = [k for k in row if k not in columns]
+        raise RowError(
+            f"{where}: row {dict(row)!r} has missing columns {missing} and unknown columns {unknown}"
+        )
+    return tuple(row[c] for c in columns)
+
+
+class RowDigest:
+    """A running checksum of the rows a task wrote, recorded in its committable for audits."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self.count = 0
+
+    def add(self, values: tuple[Any, ...]) -> None:
+        self._digest.update(json.dumps(values, default=str, separators=(",", ":")).encode())
+        self._digest.update(b"\n")
+        self.count += 1
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()

@@ -1,0 +1,39 @@
+"""Errors raised by the sinks: each names the pipeline, epoch, sink and task it is about."""
+
+from __future__ import annotations
+
+from onceflow.errors import OnceflowError
+
+
+class SinkError(OnceflowError):
+    """Base of the sinks' errors."""
+
+
+class RowError(SinkError):
+    """A row does not fit the sink (a missing or unknown column, a value of the wrong type).
+
+    Raised instead of dropping or guessing, because a silently lost column is lost data.
+    """
+
+
+class WriterStateError(SinkError):
+    """A writer method was called out of order (e.g. ``write`` before ``begin``)."""
+
+
+class StagedOutputLost(SinkError):
+    """Commit found neither the staged output nor any evidence that it was already committed.
+
+    This must never be accepted silently: the epoch's output would be lost while its offsets advance.
+    """
+
+
+class StagedOutputCorrupt(SinkError):
+    """The staged output does not match the checksum recorded at pre-commit."""
+
+
+class AlreadyCommitted(SinkError):
+    """Abort was asked for output that is already committed (and therefore visible downstream)."""
+
+
+class ConflictingAttempt(SinkError):
+    """Another attempt of the same task holds or has committed the task's output."""

@@ -1,0 +1,322 @@
+"""PostgreSQL sink with true two-phase commit (``PREPARE TRANSACTION`` / ``COMMIT PREPARED``).
+
+The writer puts the task's rows and a marker row into one transaction and prepares it under a gid
+derived from the task; the prepared transaction survives the writer's process and even a server restart.
+The committer, in another process, runs ``COMMIT PREPARED``. After a commit the gid is gone, so the
+committed marker row is the evidence that a retried commit has nothing left to do.
+
+gid format: ``onceflow:{pipeline}:{epoch}:{slice}:{sink}:{task}:{attempt}`` (names may not hold ':'),
+at most 199 bytes, the limit of PostgreSQL's gid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from onceflow.errors import ConfigError
+from onceflow.sinks._config import ConfigReader, check_name
+from onceflow.sinks._pg import (
+    PgTableConfig,
+    RowDigest,
+    column_list,
+    create_table_if_missing,
+    row_values,
+    run_ddl,
+    table_identifier,
+)
+from onceflow.sinks.base import Committable, Row, TaskContext
+from onceflow.sinks.errors import (
+    AlreadyCommitted,
+    ConflictingAttempt,
+    StagedOutputLost,
+    WriterStateError,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+
+KIND = "postgres_2pc"
+GID_PREFIX = "onceflow:"
+GID_MAX_BYTES = 199
+_MARKER_KEY = "pipeline = %s AND epoch = %s AND sink = %s AND task = %s"
+
+
+@dataclass(frozen=True)
+class GidParts:
+    pipeline: str
+    epoch: int
+    slice: int
+    sink: str
+    task: str
+    attempt: str
+
+
+def make_gid(parts: GidParts) -> str:
+    """The deterministic gid of one task attempt; raises if the names make it too long for PostgreSQL."""
+    for what in ("pipeline", "sink", "task", "attempt"):
+        check_name(what, getattr(parts, what))
+    if parts.epoch < 0 or parts.slice < 0:
+        raise ConfigError(f"epoch and slice must be >= 0 in a gid, got {parts}")
+    fields = (parts.pipeline, parts.epoch, parts.slice, parts.sink, parts.task, parts.attempt)
+    gid = GID_PREFIX + ":".join(str(f) for f in fields)
+    if len(gid.encode()) > GID_MAX_BYTES:
+        raise ConfigError(
+            f"transaction id {gid!r} is {len(gid.encode())} bytes, PostgreSQL allows {GID_MAX_BYTES}: "
+            "shorten the pipeline, sink or task names"
+        )
+    return gid
+
+
+def parse_gid(gid: str) -> GidParts | None:
+    """The parts of an onceflow gid, or None for any other prepared transaction's gid."""
+    if not gid.startswith(GID_PREFIX):
+        return None
+    fields = gid[len(GID_PREFIX) :].split(":")
+    if len(fields) != 6 or not fields[1].isdigit() or not fields[2].isdigit():
+        return None
+    pipeline, epoch, slice_, sink, task, attempt = fields
+    return GidParts(pipeline, int(epoch), int(slice_), sink, task, attempt)
+
+
+def gid_of(c: Committable | TaskContext) -> str:
+    return make_gid(GidParts(c.pipeline, c.epoch, c.slice, c.sink, c.task, c.attempt))
+
+
+@dataclass(frozen=True)
+class PostgresTwoPhaseConfig:
+    """``dsn`` (default: the stack's), ``table``, ``columns`` (name -> SQL type), ``create_table``,
+    ``marker_table`` (default ``onceflow_markers``), ``lock_timeout_ms`` (how long a task attempt waits
+    for another attempt of the same task that holds the marker before giving up), ``name`` (the sink
+    name, narrowing ``orphans``)."""
+
+    table: PgTableConfig
+    marker_table: str = "onceflow_markers"
+    lock_timeout_ms: int = 10_000
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> PostgresTwoPhaseConfig:
+        reader = ConfigReader(KIND, config)
+        parsed = cls(
+            table=PgTableConfig.read(reader),
+            marker_table=reader.string("marker_table", "onceflow_markers"),
+            lock_timeout_ms=reader.integer("lock_timeout_ms", 10_000, minimum=1),
+        )
+        reader.finish()
+        return parsed
+
+
+def _as_config(config: PostgresTwoPhaseConfig | Mapping[str, Any]) -> PostgresTwoPhaseConfig:
+    if isinstance(config, PostgresTwoPhaseConfig):
+        return config
+    return PostgresTwoPhaseConfig.from_mapping(config)
+
+
+def ensure_marker_table(conn: psycopg.Connection[Any], marker_table: str) -> None:
+    from psycopg import sql
+
+    run_ddl(
+        conn,
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (pipeline text NOT NULL, epoch bigint NOT NULL,"
+            " sink text NOT NULL, task text NOT NULL, attempt text NOT NULL, record_count bigint NOT NULL,"
+            " committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, epoch, sink, task))"
+        ).format(table_identifier(marker_table)),
+    )
+
+
+class PostgresTwoPhaseWriter:
+    """One connection per task attempt; the rows go in with COPY, the marker row first.
+
+    The marker is inserted first with a lock timeout: if another attempt of the same task has prepared
+    (or committed) its marker, this attempt fails fast with `ConflictingAttempt` instead of waiting for
+    the coordinator or doing the work for nothing.
+    """
+
+    def __init__(self, config: PostgresTwoPhaseConfig | Mapping[str, Any]) -> None:
+        self.config = _as_config(config)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._task: TaskContext | None = None
+        self._digest = RowDigest()
+        self._prepared = False
+
+    def begin(self, task: TaskContext) -> None:
+        import psycopg
+        from psycopg import errors, sql
+
+        if self._task is not None:
+            raise WriterStateError(f"{KIND} writer: begin() called twice (for {task.txn_id})")
+        gid = gid_of(task)
+        conn = psycopg.connect(self.config.table.dsn, autocommit=True)
+        self._conn, self._task = conn, task
+        if self.config.table.create_table:
+            create_table_if_missing(conn, self.config.table)
+        ensure_marker_table(conn, self.config.marker_table)
+        conn.autocommit = False
+        conn.tpc_begin(gid)
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.config.lock_timeout_ms}ms"])
+        try:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (pipeline, epoch, sink, task, attempt, record_count)"
+                    " VALUES (%s, %s, %s, %s, %s, 0)"
+                ).format(table_identifier(self.config.marker_table)),
+                [task.pipeline, task.epoch, task.sink, task.task, task.attempt],
+            )
+        except (errors.UniqueViolation, errors.LockNotAvailable) as exc:
+            self.abort()
+            raise ConflictingAttempt(
+                f"{task.txn_id}: another attempt of task {task.task} already prepared or committed its output"
+            ) from exc
+        conn.execute("SET LOCAL lock_timeout TO DEFAULT")
+
+    def _require(self) -> tuple[psycopg.Connection[Any], TaskContext]:
+        if self._conn is None or self._task is None or self._prepared:
+            raise WriterStateError(f"{KIND} writer: write/pre_commit needs begin() first and no pre_commit()")
+        return self._conn, self._task
+
+    def write(self, rows: Iterable[Row]) -> None:
+        from psycopg import sql
+
+        conn, task = self._require()
+        names = self.config.table.column_names
+        statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+            table_identifier(self.config.table.table), column_list(names)
+        )
+        where = f"{KIND} sink {task.sink} table {self.config.table.table}"
+        with conn.cursor() as cur, cur.copy(statement) as copy:
+            for row in rows:
+                values = row_values(row, names, where)
+                copy.write_row(values)
+                self._digest.add(values)
+
+    def pre_commit(self) -> Committable:
+        from psycopg import sql
+
+        conn, task = self._require()
+        conn.execute(
+            sql.SQL("UPDATE {} SET record_count = %s WHERE " + _MARKER_KEY).format(
+                table_identifier(self.config.marker_table)
+            ),
+            [self._digest.count, task.pipeline, task.epoch, task.sink, task.task],
+        )
+        conn.tpc_prepare()
+        self._prepared = True
+        conn.close()
+        return Committable.for_task(
+            task,
+            handle={"gid": gid_of(task), "table": self.config.table.table},
+            record_count=self._digest.count,
+            checksum=self._digest.hexdigest(),
+        )
+
+    def abort(self) -> None:
+        """Roll back this attempt's transaction, prepared or not; safe to call more than once."""
+        if self._task is None:
+            return
+        if self._prepared:
+            PostgresTwoPhaseCommitter(self.config).abort([Committable.for_task(self._task)])
+        elif self._conn is not None and not self._conn.closed:
+            if self._conn.autocommit:
+                self._conn.close()
+            else:
+                self._conn.tpc_rollback()
+        if self._conn is not None and not self._conn.closed:
+            self._conn.close()
+
+
+class PostgresTwoPhaseCommitter:
+    """COMMIT PREPARED / ROLLBACK PREPARED from any process; the marker row decides ambiguous cases."""
+
+    def __init__(self, config: PostgresTwoPhaseConfig | Mapping[str, Any]) -> None:
+        self.config = _as_config(config)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        import psycopg
+
+        return psycopg.connect(self.config.table.dsn, autocommit=True)
+
+    def _marker_attempt(self, conn: psycopg.Connection[Any], c: Committable) -> str | None:
+        from psycopg import sql
+
+        exists = conn.execute("SELECT to_regclass(%s)", [self.config.marker_table]).fetchone()
+        if exists is None or exists[0] is None:
+            return None
+        row = conn.execute(
+            sql.SQL("SELECT attempt FROM {} WHERE " + _MARKER_KEY).format(
+                table_identifier(self.config.marker_table)
+            ),
+            [c.pipeline, c.epoch, c.sink, c.task],
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def _finish(self, conn: psycopg.Connection[Any], action: str, gid: str) -> bool:
+        """Run COMMIT/ROLLBACK PREPARED; False when no such prepared transaction exists."""
+        from psycopg import errors, sql
+
+        try:
+            conn.execute(sql.SQL(action + " PREPARED {}").format(sql.Literal(gid)))
+        except errors.UndefinedObject:
+            return False
+        return True
+
+    def commit(self, committables: Sequence[Committable]) -> None:
+        """Commit each prepared transaction; a gid already gone must have left this attempt's marker."""
+        with self._connect() as conn:
+            for c in committables:
+                gid = gid_of(c)
+                if self._finish(conn, "COMMIT", gid):
+                    continue
+                marker = self._marker_attempt(conn, c)
+                if marker == c.attempt:
+                    continue  # committed earlier: committing twice is committing once
+                if marker is None:
+                    raise StagedOutputLost(
+                        f"{KIND}: prepared transaction {gid!r} does not exist and no marker shows it "
+                        "committed; the staged rows are gone (rolled back by someone else?), so the epoch "
+                        "cannot be committed"
+                    )
+                raise ConflictingAttempt(
+                    f"{KIND}: {gid!r} is not prepared, and attempt {marker!r} of task {c.task} "
+                    "is committed instead"
+                )
+
+    def abort(self, committables: Sequence[Committable]) -> None:
+        """Roll back each prepared transaction; refuses output whose marker shows it committed."""
+        with self._connect() as conn:
+            for c in committables:
+                gid = gid_of(c)
+                if self._finish(conn, "ROLLBACK", gid):
+                    continue
+                if self._marker_attempt(conn, c) == c.attempt:
+                    raise AlreadyCommitted(f"{KIND}: cannot abort {gid!r}: its output is already committed")
+
+    def orphans(self, pipeline: str) -> list[Committable]:
+        """Prepared onceflow transactions of the pipeline in this database (of this sink if named)."""
+        check_name("pipeline", pipeline)
+        with self._connect() as conn:
+            gids = conn.execute(
+                "SELECT gid FROM pg_prepared_xacts"
+                " WHERE database = current_database() AND starts_with(gid, %s)",
+                [f"{GID_PREFIX}{pipeline}:"],
+            ).fetchall()
+        found = []
+        for (gid,) in gids:
+            parts = parse_gid(str(gid))
+            if parts is None or parts.pipeline != pipeline:
+                continue
+            if self.config.table.name is not None and parts.sink != self.config.table.name:
+                continue
+            found.append(
+                Committable(
+                    pipeline=parts.pipeline,
+                    epoch=parts.epoch,
+                    slice=parts.slice,
+                    task=parts.task,
+                    attempt=parts.attempt,
+                    sink=parts.sink,
+                    handle={"gid": gid},
+                )
+            )
+        return sorted(found, key=lambda c: (c.epoch, c.sink, c.task, c.attempt))

@@ -1,0 +1,136 @@
+"""Durable local staging shared by the file-based sinks (files, kafka, wal).
+
+Layout: ``{root}/_staging/{pipeline}/{sink}/epoch={n}/{task}/attempt-{attempt}/``. An attempt folder
+holds the staged data and, written last, ``manifest.json`` (the attempt's committable as JSON): a folder
+without a manifest is an attempt that crashed before pre-commit finished. Every file and folder on the
+way is fsynced, because pre-commit promises the coordinator that the output survives a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from onceflow.sinks._config import check_name
+from onceflow.sinks.base import Committable, TaskContext
+
+MANIFEST = "manifest.json"
+STAGING = "_staging"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def make_dirs_durable(path: Path) -> None:
+    """Create ``path`` and its missing parents, fsyncing each parent so the new entries survive a crash."""
+    missing: list[Path] = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir()
+        fsync_dir(folder.parent)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write to a temporary name, fsync, rename over ``path`` and fsync the folder: all or nothing."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class StagingArea:
+    """Where one sink's attempts are staged under ``root``."""
+
+    root: Path
+
+    def attempt_dir(self, pipeline: str, sink: str, epoch: int, task: str, attempt: str) -> Path:
+        for what, value in (("pipeline", pipeline), ("sink", sink), ("task", task), ("attempt", attempt)):
+            check_name(what, value)
+        return self.root / STAGING / pipeline / sink / f"epoch={epoch}" / task / f"attempt-{attempt}"
+
+    def for_task(self, task: TaskContext) -> Path:
+        return self.attempt_dir(task.pipeline, task.sink, task.epoch, task.task, task.attempt)
+
+    def for_committable(self, c: Committable) -> Path:
+        return self.attempt_dir(c.pipeline, c.sink, c.epoch, c.task, c.attempt)
+
+    def write_manifest(self, folder: Path, committable: Committable) -> None:
+        write_durably(folder / MANIFEST, committable.to_json().encode())
+
+    def remove(self, folder: Path) -> None:
+        """Delete an attempt folder, then prune its emptied parents up to the pipeline folder."""
+        if folder.exists():
+            shutil.rmtree(folder)
+            fsync_dir(folder.parent)
+        stop = self.root / STAGING
+        parent = folder.parent
+        while parent != stop and parent.is_relative_to(stop) and parent.exists():
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            fsync_dir(parent.parent)
+            parent = parent.parent
+
+    def orphans(self, pipeline: str, sink: str | None = None) -> list[Committable]:
+        """Every staged attempt of the pipeline (of one sink if given), complete or not.
+
+        A complete attempt is described by its manifest. An incomplete one (no manifest) is rebuilt from
+        its path with ``slice=-1`` and ``handle={"incomplete": True}``: enough for abort, never for commit.
+        """
+        base = self.root / STAGING / check_name("pipeline", pipeline)
+        sink_dirs = (
+            [base / check_name("sink", sink)] if sink else sorted(p for p in base.glob("*") if p.is_dir())
+        )
+        found: list[Committable] = []
+        for sink_dir in sink_dirs:
+            for folder in sorted(sink_dir.glob("epoch=*/*/attempt-*")):
+                manifest = folder / MANIFEST
+                if manifest.exists():
+                    found.append(Committable.from_json(manifest.read_text()))
+                    continue
+                epoch_part = folder.parent.parent.name.removeprefix("epoch=")
+                if not epoch_part.isdigit():
+                    continue
+                found.append(
+                    Committable(
+                        pipeline=pipeline,
+                        epoch=int(epoch_part),
+                        slice=-1,
+                        task=folder.parent.name,
+                        attempt=folder.name.removeprefix("attempt-"),
+                        sink=sink_dir.name,
+                        handle={"incomplete": True},
+                    )
+                )
+        return found
