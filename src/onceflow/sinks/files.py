@@ -1,0 +1,354 @@
+"""Parquet files sink: staged per task attempt, committed by atomic rename plus a commit-log entry.
+
+Layout under ``root``:
+
+* staging: ``_staging/{pipeline}/{sink}/epoch={n}/{task}/attempt-{attempt}/part-00000.parquet`` and
+  ``manifest.json`` (see `staging`);
+* table: ``{table}/epoch={n}/{task}.parquet``, made visible by ``{table}/_onceflow_log/{n:020d}.json``.
+
+The commit log, not the folder listing, defines the table: a reader (`read_committed_table`) reads only
+files named by log entries, so a staged or half-moved epoch is never read. A log entry lists the files
+it ``adds`` and the files it ``removes``; commits today only add, and the ``removes`` list is the seam
+for replacing an interval's output atomically later (one entry adding the new files and removing the
+old ones). A table belongs to one (pipeline, sink).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onceflow.errors import ConfigError
+from onceflow.sinks._config import ConfigReader, check_name
+from onceflow.sinks._pg import RowDigest, row_values
+from onceflow.sinks.base import Committable, Row, TaskContext
+from onceflow.sinks.errors import (
+    AlreadyCommitted,
+    ConflictingAttempt,
+    RowError,
+    StagedOutputCorrupt,
+    StagedOutputLost,
+    WriterStateError,
+)
+from onceflow.sinks.staging import (
+    StagingArea,
+    fsync_dir,
+    fsync_file,
+    make_dirs_durable,
+    sha256_file,
+    write_durably,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+KIND = "files"
+PART = "part-00000.parquet"
+LOG_DIR = "_onceflow_log"
+
+
+@dataclass(frozen=True)
+class FilesConfig:
+    """``root`` (folder), ``table`` (folder name under root), ``columns`` (optional name -> Arrow type
+    alias such as ``int64`` or ``string``; inferred from the rows when absent), ``batch_size`` (rows per
+    Parquet row group), ``name`` (the sink name, narrowing ``orphans``)."""
+
+    root: str
+    table: str
+    columns: tuple[tuple[str, str], ...] = ()
+    batch_size: int = 10_000
+    name: str | None = None
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> FilesConfig:
+        reader = ConfigReader(KIND, config)
+        parsed = cls(
+            root=reader.path("root"),
+            table=check_name("files sink config table", reader.string("table")),
+            columns=reader.columns(required=False),
+            batch_size=reader.integer("batch_size", 10_000, minimum=1),
+            name=reader.optional_string("name"),
+        )
+        parsed.arrow_schema()
+        reader.finish()
+        return parsed
+
+    def arrow_schema(self) -> pa.Schema | None:
+        if not self.columns:
+            return None
+        import pyarrow as pa
+
+        fields = []
+        for name, alias in self.columns:
+            try:
+                fields.append(pa.field(name, pa.type_for_alias(alias)))
+            except ValueError as exc:
+                raise ConfigError(f"files sink config columns: {name}: unknown Arrow type {alias!r}") from exc
+        return pa.schema(fields)
+
+    @property
+    def table_dir(self) -> Path:
+        return Path(self.root) / self.table
+
+
+def _as_config(config: FilesConfig | Mapping[str, Any]) -> FilesConfig:
+    return config if isinstance(config, FilesConfig) else FilesConfig.from_mapping(config)
+
+
+def committed_path(table_dir: Path, epoch: int, task: str) -> Path:
+    return table_dir / f"epoch={epoch}" / f"{task}.parquet"
+
+
+def log_entry_path(table_dir: Path, epoch: int) -> Path:
+    return table_dir / LOG_DIR / f"{epoch:020d}.json"
+
+
+@dataclass(frozen=True)
+class CommitLogEntry:
+    """One committed epoch of a table: files (relative to the table folder) it adds and removes."""
+
+    epoch: int
+    pipeline: str
+    sink: str
+    adds: tuple[str, ...]
+    removes: tuple[str, ...] = ()
+    record_count: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "epoch": self.epoch,
+                "pipeline": self.pipeline,
+                "sink": self.sink,
+                "adds": list(self.adds),
+                "removes": list(self.removes),
+                "record_count": self.record_count,
+            },
+            sort_keys=True,
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> CommitLogEntry:
+        data = json.loads(text)
+        return cls(
+            epoch=int(data["epoch"]),
+            pipeline=data["pipeline"],
+            sink=data["sink"],
+            adds=tuple(data["adds"]),
+            removes=tuple(data.get("removes", ())),
+            record_count=int(data.get("record_count", 0)),
+        )
+
+
+def read_commit_log(table_dir: Path) -> list[CommitLogEntry]:
+    """Entries in epoch order; temporary files of an interrupted log write are not entries."""
+    log = table_dir / LOG_DIR
+    if not log.is_dir():
+        return []
+    return [CommitLogEntry.from_json(p.read_text()) for p in sorted(log.glob("[0-9]*.json"))]
+
+
+def committed_files(table_dir: Path) -> list[Path]:
+    """The table's live files: every log entry's adds minus later removes, in commit order."""
+    live: dict[str, None] = {}
+    for entry in read_commit_log(table_dir):
+        for name in entry.removes:
+            live.pop(name, None)
+        for name in entry.adds:
+            live[name] = None
+    return [table_dir / name for name in live]
+
+
+def read_committed_table(root: str | os.PathLike[str], table: str) -> pa.Table:
+    """The committed content of ``table``: only files named in its commit log, never staged ones."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = committed_files(Path(root) / check_name("table", table))
+    if not files:
+        return pa.table({})
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+
+
+class FilesWriter:
+    """Buffers rows into Parquet row groups in the attempt's staging folder."""
+
+    def __init__(self, config: FilesConfig | Mapping[str, Any]) -> None:
+        self.config = _as_config(config)
+        self._area = StagingArea(Path(self.config.root))
+        self._task: TaskContext | None = None
+        self._dir: Path | None = None
+        self._schema = self.config.arrow_schema()
+        self._buffer: list[Row] = []
+        self._parquet: Any = None
+        self._digest = RowDigest()
+        self._done = False
+
+    def begin(self, task: TaskContext) -> None:
+        if self._task is not None:
+            raise WriterStateError(f"{KIND} writer: begin() called twice (for {task.txn_id})")
+        folder = self._area.for_task(task)
+        self._area.remove(folder)  # a leftover of the same attempt id is never mixed into this one
+        make_dirs_durable(folder)
+        self._task, self._dir = task, folder
+
+    def write(self, rows: Iterable[Row]) -> None:
+        task = self._require()
+        names = tuple(n for n, _ in self.config.columns)
+        where = f"{KIND} sink {task.sink} table {self.config.table}"
+        for row in rows:
+            if not isinstance(row, Mapping):
+                raise RowError(f"{where}: a row must be a mapping, got {type(row).__name__}")
+            values = row_values(row, names, where) if names else tuple(row.values())
+            self._digest.add(values)
+            self._buffer.append(row)
+            if len(self._buffer) >= self.config.batch_size:
+                self._flush()
+
+    def _require(self) -> TaskContext:
+        if self._task is None or self._done:
+            raise WriterStateError(f"{KIND} writer: write/pre_commit needs begin() first and no pre_commit()")
+        return self._task
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self._buffer:
+            return
+        assert self._dir is not None
+        try:
+            batch = pa.Table.from_pylist(self._buffer, schema=self._schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise RowError(f"{KIND} sink table {self.config.table}: rows do not fit: {exc}") from exc
+        if self._parquet is None:
+            self._schema = batch.schema
+            self._parquet = pq.ParquetWriter(self._dir / PART, batch.schema)
+        elif batch.schema != self._schema:
+            raise RowError(
+                f"{KIND} sink table {self.config.table}: rows changed schema from {self._schema} to "
+                f"{batch.schema}; declare `columns` in the sink config"
+            )
+        self._parquet.write_table(batch)
+        self._buffer.clear()
+
+    def pre_commit(self) -> Committable:
+        task = self._require()
+        assert self._dir is not None
+        self._flush()
+        files: list[dict[str, Any]] = []
+        if self._parquet is not None:
+            self._parquet.close()
+            self._parquet = None
+            part = self._dir / PART
+            fsync_file(part)
+            fsync_dir(self._dir)
+            files.append({"name": PART, "rows": self._digest.count, "sha256": sha256_file(part)})
+        committable = Committable.for_task(
+            task,
+            handle={"table": self.config.table, "files": files},
+            record_count=self._digest.count,
+            checksum=self._digest.hexdigest(),
+        )
+        self._area.write_manifest(self._dir, committable)
+        self._done = True
+        return committable
+
+    def abort(self) -> None:
+        if self._parquet is not None:
+            self._parquet.close()
+            self._parquet = None
+        if self._dir is not None:
+            self._area.remove(self._dir)
+
+
+class FilesCommitter:
+    """Moves staged files into the table with ``os.replace``, then appends the epoch's log entry."""
+
+    def __init__(self, config: FilesConfig | Mapping[str, Any]) -> None:
+        self.config = _as_config(config)
+        self._area = StagingArea(Path(self.config.root))
+
+    def commit(self, committables: Sequence[Committable]) -> None:
+        """Steps per epoch: 1. move every task's file (skipping files already moved), 2. write the log
+        entry atomically, 3. delete the staging. A crash anywhere is repaired by calling commit again."""
+        table_dir = self.config.table_dir
+        for epoch, group in _by_epoch(committables).items():
+            adds: list[str] = []
+            for c in group:
+                adds.extend(self._move(c, table_dir))
+            first = group[0]
+            entry = CommitLogEntry(
+                epoch=epoch,
+                pipeline=first.pipeline,
+                sink=first.sink,
+                adds=tuple(sorted(adds)),
+                record_count=sum(c.record_count for c in group),
+            )
+            path = log_entry_path(table_dir, epoch)
+            if path.exists():
+                existing = CommitLogEntry.from_json(path.read_text())
+                if (existing.pipeline, existing.sink) != (entry.pipeline, entry.sink):
+                    raise ConflictingAttempt(
+                        f"{KIND}: table {self.config.table} epoch {epoch} was committed by "
+                        f"{existing.pipeline}/{existing.sink}, not {entry.pipeline}/{entry.sink}"
+                    )
+            make_dirs_durable(path.parent)
+            write_durably(path, entry.to_json().encode())
+            for c in group:
+                self._area.remove(self._area.for_committable(c))
+
+    def _move(self, c: Committable, table_dir: Path) -> list[str]:
+        if c.handle.get("incomplete"):
+            raise StagedOutputLost(f"{KIND}: {c.sink} epoch {c.epoch} {c.task} never pre-committed")
+        staged_dir = self._area.for_committable(c)
+        moved = []
+        for spec in c.handle.get("files", []):
+            source = staged_dir / spec["name"]
+            target = committed_path(table_dir, c.epoch, c.task)
+            if source.exists():
+                if sha256_file(source) != spec["sha256"]:
+                    raise StagedOutputCorrupt(f"{KIND}: {source} does not match its pre-commit checksum")
+                make_dirs_durable(target.parent)
+                os.replace(source, target)
+                fsync_dir(target.parent)
+                fsync_dir(source.parent)
+            elif target.exists():
+                if sha256_file(target) != spec["sha256"]:
+                    raise ConflictingAttempt(f"{KIND}: {target} is another attempt's, not {c.attempt}'s")
+            else:
+                raise StagedOutputLost(f"{KIND}: neither {source} nor {target} exists: staged output is gone")
+            moved.append(target.relative_to(table_dir).as_posix())
+        return moved
+
+    def abort(self, committables: Sequence[Committable]) -> None:
+        """Delete the attempts' staging; refuse when the epoch's log entry names their files."""
+        table_dir = self.config.table_dir
+        for c in committables:
+            target = committed_path(table_dir, c.epoch, c.task)
+            entry_path = log_entry_path(table_dir, c.epoch)
+            specs = c.handle.get("files", [])
+            if specs and target.exists() and sha256_file(target) == specs[0]["sha256"]:
+                logged = entry_path.exists() and target.relative_to(table_dir).as_posix() in (
+                    CommitLogEntry.from_json(entry_path.read_text()).adds
+                )
+                if logged:
+                    raise AlreadyCommitted(f"{KIND}: {target} is committed (epoch {c.epoch} log entry)")
+                target.unlink()  # moved by an interrupted commit but never logged: not visible, undo it
+                fsync_dir(target.parent)
+            self._area.remove(self._area.for_committable(c))
+
+    def orphans(self, pipeline: str) -> list[Committable]:
+        return self._area.orphans(pipeline, self.config.name)
+
+
+def _by_epoch(committables: Sequence[Committable]) -> dict[int, list[Committable]]:
+    groups: dict[int, list[Committable]] = {}
+    for c in sorted(committables, key=lambda c: (c.epoch, c.task)):
+        groups.setdefault(c.epoch, []).append(c)
+    return groups
