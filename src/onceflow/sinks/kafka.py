@@ -1,0 +1,357 @@
+"""Transactional Kafka sink: records staged as durable files, published by the coordinator in one Kafka
+transaction per slice together with the slice's input offsets.
+
+Row format: ``{"key": bytes | str | None, "value": bytes | str}``; strings are encoded as UTF-8 and any
+other column is an error. Staged records live in ``records.bin`` in the attempt's staging folder (see
+`staging`), each record as ``key length (int32, -1 for no key), key, value length (int32), value``.
+
+The committer's ``transactional.id`` is fixed per (pipeline, sink, slice): a restarted coordinator's
+``init_transactions`` fences the previous one and aborts its open transaction. The slice's input offsets
+are committed for the group ``onceflow-{pipeline}`` inside the same transaction, so the group position
+is the marker that the slice is published: a retried commit that finds it at the epoch's until offsets
+has nothing to do. A pipeline with two Kafka sinks must give them distinct ``group_id`` settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from onceflow.errors import ConfigError
+from onceflow.sinks._config import ConfigReader, check_name
+from onceflow.sinks.base import Committable, Row, TaskContext
+from onceflow.sinks.errors import (
+    RowError,
+    SinkError,
+    StagedOutputCorrupt,
+    StagedOutputLost,
+    WriterStateError,
+)
+from onceflow.sinks.staging import StagingArea, fsync_dir, make_dirs_durable, sha256_file
+
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
+
+KIND = "kafka"
+RECORDS = "records.bin"
+_LENGTH = struct.Struct(">i")
+
+
+@dataclass(frozen=True)
+class KafkaSinkConfig:
+    """``topic``, ``staging_root`` (folder for staged records), ``bootstrap`` (default: the stack's),
+    ``transaction_timeout_ms`` (the producer's ``transaction.timeout.ms``, to compare with the pipeline's
+    transaction timeout at plan time), ``partition`` (fixed output partition; default: by key hash),
+    ``partitioner`` (librdkafka partitioner for keyed records, default ``murmur2_random`` as in Java
+    clients), ``group_id`` (default ``onceflow-{pipeline}``), ``timeout_s`` (per broker operation),
+    ``name`` (the sink name, narrowing ``orphans``)."""
+
+    topic: str
+    staging_root: str
+    bootstrap: str
+    transaction_timeout_ms: int = 60_000
+    partition: int | None = None
+    partitioner: str = "murmur2_random"
+    group_id: str | None = None
+    timeout_s: int = 30
+    name: str | None = None
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> KafkaSinkConfig:
+        reader = ConfigReader(KIND, config)
+        bootstrap = reader.optional_string("bootstrap")
+        if bootstrap is None:
+            from onceflow.config import Settings
+
+            bootstrap = Settings.from_env().kafka_bootstrap
+        parsed = cls(
+            topic=reader.string("topic"),
+            staging_root=reader.path("staging_root"),
+            bootstrap=bootstrap,
+            transaction_timeout_ms=reader.integer("transaction_timeout_ms", 60_000, minimum=1000),
+            partition=reader.optional_integer("partition"),
+            partitioner=reader.string("partitioner", "murmur2_random"),
+            group_id=reader.optional_string("group_id"),
+            timeout_s=reader.integer("timeout_s", 30, minimum=1),
+            name=reader.optional_string("name"),
+        )
+        reader.finish()
+        return parsed
+
+    def group_for(self, pipeline: str) -> str:
+        return self.group_id or group_id(pipeline)
+
+
+def _as_config(config: KafkaSinkConfig | Mapping[str, Any]) -> KafkaSinkConfig:
+    return config if isinstance(config, KafkaSinkConfig) else KafkaSinkConfig.from_mapping(config)
+
+
+def transactional_id(pipeline: str, sink: str, slice_: int) -> str:
+    """Fixed per (pipeline, sink, slice): the next coordinator fences a crashed one by reusing it."""
+    return f"onceflow-{check_name('pipeline', pipeline)}-{check_name('sink', sink)}-s{slice_}"
+
+
+def group_id(pipeline: str) -> str:
+    return f"onceflow-{check_name('pipeline', pipeline)}"
+
+
+def _as_bytes(value: Any, what: str) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    raise RowError(f"{KIND} sink: {what} must be bytes or str, got {type(value).__name__}")
+
+
+def encode_record(row: Row) -> bytes:
+    """One row as a length-prefixed record; rejects rows that are not exactly {key?, value}."""
+    if not isinstance(row, Mapping):
+        raise RowError(f"{KIND} sink: a row must be a mapping of 'key' and 'value', not {type(row).__name__}")
+    unknown = sorted(set(row) - {"key", "value"})
+    if unknown or "value" not in row:
+        raise RowError(f"{KIND} sink: row columns must be 'value' and optional 'key', got {sorted(row)}")
+    key = row.get("key")
+    value = _as_bytes(row["value"], "value")
+    if key is None:
+        return _LENGTH.pack(-1) + _LENGTH.pack(len(value)) + value
+    key_bytes = _as_bytes(key, "key")
+    return _LENGTH.pack(len(key_bytes)) + key_bytes + _LENGTH.pack(len(value)) + value
+
+
+def _read_exact(f: IO[bytes], size: int, path: Path) -> bytes:
+    data = f.read(size)
+    if len(data) != size:
+        raise StagedOutputCorrupt(f"{KIND}: {path} ends in the middle of a record")
+    return data
+
+
+def read_records(path: Path) -> Iterator[tuple[bytes | None, bytes]]:
+    """The staged (key, value) records of one file, in the order they were written."""
+    with open(path, "rb") as f:
+        while head := f.read(_LENGTH.size):
+            if len(head) != _LENGTH.size:
+                raise StagedOutputCorrupt(f"{KIND}: {path} ends in the middle of a record")
+            (key_len,) = _LENGTH.unpack(head)
+            key = None if key_len < 0 else _read_exact(f, key_len, path)
+            (value_len,) = _LENGTH.unpack(_read_exact(f, _LENGTH.size, path))
+            yield key, _read_exact(f, value_len, path)
+
+
+def _natural(text: str) -> tuple[Any, ...]:
+    """Sort key putting "s0-t2" before "s0-t10"."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+
+
+def group_by_slice(committables: Sequence[Committable]) -> dict[int, list[Committable]]:
+    """One epoch's committables per slice (ascending), each slice's tasks in task order."""
+    groups: dict[int, list[Committable]] = {}
+    for c in sorted(committables, key=lambda c: (c.slice, _natural(c.task))):
+        groups.setdefault(c.slice, []).append(c)
+    return groups
+
+
+def slice_until_offsets(committables: Sequence[Committable]) -> dict[tuple[str, int], int]:
+    """The position the slice's consumer group reaches: the max until offset per input partition."""
+    until: dict[tuple[str, int], int] = {}
+    for c in committables:
+        for r in c.inputs:
+            key = (r.topic, r.partition)
+            until[key] = max(until.get(key, 0), r.until_offset)
+    if not until:
+        where = f"slice {committables[0].slice} of {committables[0].pipeline}" if committables else "a slice"
+        raise SinkError(f"{KIND}: {where} has no input offsets, which the Kafka sink needs as its marker")
+    return until
+
+
+class KafkaWriter:
+    """Stages the task's records in a length-prefixed file; nothing reaches Kafka before commit."""
+
+    def __init__(self, config: KafkaSinkConfig | Mapping[str, Any]) -> None:
+        self.config = _as_config(config)
+        self._area = StagingArea(Path(self.config.staging_root))
+        self._task: TaskContext | None = None
+        self._dir: Path | None = None
+        self._file: IO[bytes] | None = None
+        self._count = 0
+        self._done = False
+
+    def begin(self, task: TaskContext) -> None:
+        if self._task is not None:
+            raise WriterStateError(f"{KIND} writer: begin() called twice (for {task.txn_id})")
+        folder = self._area.for_task(task)
+        self._area.remove(folder)
+        make_dirs_durable(folder)
+        self._task, self._dir = task, folder
+        self._file = open(folder / RECORDS, "wb")  # noqa: SIM115 - closed in pre_commit or abort
+
+    def write(self, rows: Iterable[Row]) -> None:
+        if self._file is None or self._done:
+            raise WriterStateError(f"{KIND} writer: write needs begin() first and no pre_commit()")
+        for row in rows:
+            self._file.write(encode_record(row))
+            self._count += 1
+
+    def pre_commit(self) -> Committable:
+        if self._file is None or self._task is None or self._dir is None or self._done:
+            raise WriterStateError(f"{KIND} writer: pre_commit needs begin() first and only once")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        fsync_dir(self._dir)
+        digest = sha256_file(self._dir / RECORDS)
+        committable = Committable.for_task(
+            self._task,
+            handle={"topic": self.config.topic, "file": RECORDS},
+            record_count=self._count,
+            checksum=digest,
+        )
+        self._area.write_manifest(self._dir, committable)
+        self._done = True
+        return committable
+
+    def abort(self) -> None:
+        if self._file is not None and not self._file.closed:
+            self._file.close()
+        if self._dir is not None:
+            self._area.remove(self._dir)
+
+
+class KafkaCommitter:
+    """Publishes each slice in one Kafka transaction that also commits the slice's input offsets.
+
+    ``crash_hook`` is called with a step name ("kafka.produced", "kafka.offsets_sent",
+    "kafka.committed") so that fault-injection tests can stop the process at a known point.
+    """
+
+    def __init__(
+        self,
+        config: KafkaSinkConfig | Mapping[str, Any],
+        crash_hook: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = _as_config(config)
+        self._area = StagingArea(Path(self.config.staging_root))
+        self._hook = crash_hook or (lambda step: None)
+
+    def commit(self, committables: Sequence[Committable]) -> None:
+        """For each slice: 1. fence earlier producers of the slice (``init_transactions``), 2. if the
+        group already stands at the until offsets the slice is published: skip, 3. otherwise produce the
+        staged records, send the offsets and commit in one transaction, 4. delete the staging."""
+        for group in group_by_slice(committables).values():
+            self._commit_slice(group)
+            for c in group:
+                self._area.remove(self._area.for_committable(c))
+
+    def _commit_slice(self, group: list[Committable]) -> None:
+        from confluent_kafka import Producer, TopicPartition
+
+        first = group[0]
+        until = slice_until_offsets(group)
+        producer = Producer(
+            {
+                "bootstrap.servers": self.config.bootstrap,
+                "transactional.id": transactional_id(first.pipeline, first.sink, first.slice),
+                "transaction.timeout.ms": self.config.transaction_timeout_ms,
+                "partitioner": self.config.partitioner,
+            }
+        )
+        timeout = float(self.config.timeout_s)
+        producer.init_transactions(timeout)
+        if self._published(first.pipeline, until):
+            return
+        files = [self._staged_file(c) for c in group]
+        producer.begin_transaction()
+        try:
+            for path in files:
+                self._produce(producer, path)
+            producer.flush(timeout)
+            self._hook("kafka.produced")
+            positions = [TopicPartition(t, p, offset) for (t, p), offset in sorted(until.items())]
+            producer.send_offsets_to_transaction(positions, self._group_metadata(first.pipeline), timeout)
+            self._hook("kafka.offsets_sent")
+            producer.commit_transaction(timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):  # else the next init_transactions aborts it
+                producer.abort_transaction(timeout)
+            raise
+        self._hook("kafka.committed")
+
+    def _staged_file(self, c: Committable) -> Path:
+        if c.handle.get("incomplete"):
+            raise StagedOutputLost(f"{KIND}: {c.sink} epoch {c.epoch} {c.task} never pre-committed")
+        path = self._area.for_committable(c) / RECORDS
+        if not path.exists():
+            raise StagedOutputLost(
+                f"{KIND}: {path} is gone but the group {self.config.group_for(c.pipeline)} is not at the "
+                f"epoch's offsets: epoch {c.epoch} slice {c.slice} was never published and cannot be"
+            )
+        if sha256_file(path) != c.checksum:
+            raise StagedOutputCorrupt(f"{KIND}: {path} does not match its pre-commit checksum")
+        return path
+
+    def _produce(self, producer: Producer, path: Path) -> None:
+        partition = -1 if self.config.partition is None else self.config.partition  # -1: the partitioner
+        for key, value in read_records(path):
+            while True:
+                try:
+                    producer.produce(self.config.topic, value=value, key=key, partition=partition)
+                    break
+                except BufferError:
+                    producer.poll(0.5)  # the local queue is full: let deliveries drain it
+
+    def _consumer_config(self, pipeline: str) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": self.config.bootstrap,
+            "group.id": self.config.group_for(pipeline),
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+
+    def _group_metadata(self, pipeline: str) -> Any:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(self._consumer_config(pipeline))
+        try:
+            return consumer.consumer_group_metadata()
+        finally:
+            consumer.close()
+
+    def committed_offsets(
+        self, pipeline: str, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """The group's committed offsets (-1 where none), read with require-stable semantics."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(self._consumer_config(pipeline))
+        try:
+            wanted = [TopicPartition(t, p) for t, p in partitions]
+            found = consumer.committed(wanted, float(self.config.timeout_s))
+        finally:
+            consumer.close()
+        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else -1 for tp in found}
+
+    def _published(self, pipeline: str, until: Mapping[tuple[str, int], int]) -> bool:
+        committed = self.committed_offsets(pipeline, until)
+        return all(committed.get(tp, -1) >= offset for tp, offset in until.items())
+
+    def abort(self, committables: Sequence[Committable]) -> None:
+        """Nothing was published before commit, so abort only deletes the staging."""
+        for c in committables:
+            self._area.remove(self._area.for_committable(c))
+
+    def orphans(self, pipeline: str) -> list[Committable]:
+        return self._area.orphans(pipeline, self.config.name)
+
+
+def check_transaction_timeout(config: KafkaSinkConfig, pipeline_timeout_ms: int) -> None:
+    """Plan-time check: the broker must not abort a slice's transaction before the pipeline gives up."""
+    if config.transaction_timeout_ms < pipeline_timeout_ms:
+        raise ConfigError(
+            f"{KIND} sink transaction_timeout_ms={config.transaction_timeout_ms} is shorter than the "
+            f"pipeline's transaction timeout {pipeline_timeout_ms} ms"
+        )

@@ -1,0 +1,190 @@
+"""kafka sink on the real broker: each slice is published exactly once, with its input offsets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from onceflow.config import Settings
+from onceflow.offsets import OffsetRange
+from onceflow.sinks.base import Committable, TaskContext
+from onceflow.sinks.kafka import KafkaCommitter, KafkaWriter
+
+pytestmark = pytest.mark.integration
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, isolation: str) -> list[tuple[int, bytes, bytes]]:
+    """Every record of the topic up to its end (the last stable offset for read_committed)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    done: set[int] = set()
+    records: list[tuple[int, bytes, bytes]] = []
+    try:
+        for _ in range(600):  # a guard against a hang, not a timing assertion
+            if len(done) == partitions:
+                break
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                done.add(msg.partition())
+                continue
+            records.append((msg.partition(), msg.key(), msg.value()))
+    finally:
+        consumer.close()
+    assert len(done) == partitions, "did not reach the end of the topic"
+    return records
+
+
+@pytest.fixture
+def setup(settings: Settings, make_topic: Callable[..., str], tmp_path: Path) -> dict[str, Any]:
+    return {
+        "pipeline": f"pk-{uuid.uuid4().hex[:10]}",
+        "input": make_topic("sink-in", partitions=2),
+        "config": {"topic": make_topic("sink-out", partitions=3), "staging_root": str(tmp_path)},
+        "bootstrap": settings.kafka_bootstrap,
+    }
+
+
+def stage_epoch(setup: dict[str, Any], epoch: int = 1) -> list[Committable]:
+    """Two slices; slice 0 reads input partition 0 in two tasks, slice 1 reads partition 1."""
+    committables = []
+    for slice_, task, (start, until) in ((0, "s0-t0", (0, 5)), (0, "s0-t1", (5, 9)), (1, "s1-t0", (0, 4))):
+        ctx = TaskContext(
+            setup["pipeline"],
+            epoch,
+            slice_,
+            task,
+            "a1",
+            "out",
+            (OffsetRange(setup["input"], slice_, start, until),),
+        )
+        writer = KafkaWriter(setup["config"])
+        writer.begin(ctx)
+        writer.write({"key": f"k{i % 2}", "value": f"{task}:{i}"} for i in range(start, until))
+        writer.write([{"key": None, "value": b"\x00nokey"}])
+        committables.append(writer.pre_commit())
+    return committables
+
+
+def group_offsets(setup: dict[str, Any]) -> dict[tuple[str, int], int]:
+    return KafkaCommitter(setup["config"]).committed_offsets(
+        setup["pipeline"], [(setup["input"], 0), (setup["input"], 1)]
+    )
+
+
+def published(setup: dict[str, Any], isolation: str = "read_committed") -> list[tuple[int, bytes, bytes]]:
+    return read_topic(setup["bootstrap"], setup["config"]["topic"], 3, isolation)
+
+
+def test_commit_twice_publishes_once_in_order_and_commits_the_group_offsets(setup: dict[str, Any]) -> None:
+    committables = [Committable.from_json(c.to_json()) for c in stage_epoch(setup)]
+    assert group_offsets(setup) == {(setup["input"], 0): -1, (setup["input"], 1): -1}
+    committer = KafkaCommitter(setup["config"])
+    committer.commit(committables)
+    committer.commit(committables)
+    records = published(setup)
+    assert len(records) == 9 + 4 + 3
+    assert group_offsets(setup) == {(setup["input"], 0): 9, (setup["input"], 1): 4}
+    by_key: dict[bytes, list[str]] = {}
+    partitions: dict[bytes, set[int]] = {}
+    for partition, key, value in records:
+        if key is not None:
+            by_key.setdefault(key, []).append(value.decode())
+            partitions.setdefault(key, set()).add(partition)
+    assert all(len(p) == 1 for p in partitions.values())  # one key, one partition
+    assert by_key[b"k0"] == [f"s0-t{0 if i < 5 else 1}:{i}" for i in range(0, 9, 2)] + [
+        f"s1-t0:{i}" for i in range(0, 4, 2)
+    ]
+    assert committer.orphans(setup["pipeline"]) == []
+
+
+def test_a_failed_publish_is_never_visible_and_a_retry_publishes_once(setup: dict[str, Any]) -> None:
+    committables = stage_epoch(setup)
+
+    def fail(step: str) -> None:
+        if step == "kafka.offsets_sent":
+            raise RuntimeError("injected failure before commit_transaction")
+
+    with pytest.raises(RuntimeError, match="injected"):
+        KafkaCommitter(setup["config"], crash_hook=fail).commit(committables)
+    assert published(setup) == []
+    assert len(published(setup, "read_uncommitted")) == 9 + 2  # slice 0 reached the log, aborted
+    assert group_offsets(setup)[(setup["input"], 0)] == -1
+    KafkaCommitter(setup["config"]).commit(committables)
+    assert len(published(setup)) == 16
+
+
+def test_abort_deletes_the_staging_and_publishes_nothing(setup: dict[str, Any]) -> None:
+    committables = stage_epoch(setup)
+    committer = KafkaCommitter(setup["config"])
+    assert len(committer.orphans(setup["pipeline"])) == 3
+    committer.abort(committables)
+    committer.abort(committables)
+    assert committer.orphans(setup["pipeline"]) == []
+    assert not (Path(setup["config"]["staging_root"]) / "_staging" / setup["pipeline"]).exists()
+    assert published(setup, "read_uncommitted") == []
+
+
+_KILLED_COORDINATOR = """
+import json, sys
+from onceflow.sinks.base import Committable
+from onceflow.sinks.kafka import KafkaCommitter
+config = json.loads(sys.argv[1])
+committables = [Committable.from_json(line) for line in json.loads(sys.argv[2])]
+
+def stop(step):
+    if step == "kafka.produced":
+        print("produced", flush=True)
+        sys.stdin.read()
+
+KafkaCommitter(config, crash_hook=stop).commit(committables)
+"""
+
+
+def test_a_coordinator_killed_mid_publish_is_fenced_and_the_next_one_publishes_once(
+    setup: dict[str, Any],
+) -> None:
+    committables = stage_epoch(setup)
+    slice0 = [c for c in committables if c.slice == 0]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _KILLED_COORDINATOR,
+            json.dumps({**setup["config"], "bootstrap": setup["bootstrap"]}),
+            json.dumps([c.to_json() for c in slice0]),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "produced"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert len(published(setup, "read_uncommitted")) == 9 + 2  # the zombie's records are in the log
+    KafkaCommitter(setup["config"]).commit(committables)
+    assert len(published(setup)) == 16
+    assert group_offsets(setup) == {(setup["input"], 0): 9, (setup["input"], 1): 4}
