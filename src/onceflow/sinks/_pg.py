@@ -67,7 +67,9 @@ def column_list(names: Iterable[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(n) for n in names)
 
 
-def create_table_if_missing(conn: psycopg.Connection[Any], table: PgTableConfig, extra: str = "") -> None:
+def create_table_if_missing(
+    conn: psycopg.Connection[Any], table: PgTableConfig, extra: sql.Composable | None = None
+) -> None:
     """Create the target table (outside any data transaction) unless it exists.
 
     Concurrent tasks may race on ``CREATE TABLE IF NOT EXISTS``; the loser's duplicate error is harmless.
@@ -75,11 +77,10 @@ def create_table_if_missing(conn: psycopg.Connection[Any], table: PgTableConfig,
     from psycopg import sql
 
     definitions = sql.SQL(", ").join(
-        sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t))
-        for n, t in table.columns
+        sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in table.columns
     )
-    if extra:
-        definitions = sql.SQL("{}, {}").format(definitions, sql.SQL(extra))
+    if extra is not None:
+        definitions = sql.SQL("{}, {}").format(definitions, extra)
     statement = sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
         table_identifier(table.table), definitions
     )
@@ -123,3 +124,73 @@ class RowDigest:
 
     def hexdigest(self) -> str:
         return self._digest.hexdigest()
+
+
+def insert_statement(table: PgTableConfig, key_columns: tuple[str, ...] = ()) -> sql.Composed:
+    """A plain INSERT, or an upsert on ``key_columns`` that overwrites the other columns."""
+    from psycopg import sql
+
+    names = table.column_names
+    statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        table_identifier(table.table), column_list(names), sql.SQL(", ").join(sql.Placeholder() * len(names))
+    )
+    if not key_columns:
+        return statement
+    others = [n for n in names if n not in key_columns]
+    if not others:
+        return sql.SQL("{} ON CONFLICT ({}) DO NOTHING").format(statement, column_list(key_columns))
+    updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in others)
+    target = column_list(key_columns)
+    return sql.SQL("{} ON CONFLICT ({}) DO UPDATE SET {}").format(statement, target, updates)
+
+
+def insert_rows(conn: psycopg.Connection[Any], statement: sql.Composed, rows: list[tuple[Any, ...]]) -> None:
+    """Insert in one short transaction per batch (the target is not transactional across batches)."""
+    if not rows:
+        return
+    with conn.transaction(), conn.cursor() as cur:
+        cur.executemany(statement, rows)
+
+
+class DirectWriterBase:
+    """Shared by the sinks that write during ``write()`` (plain, upsert): one autocommit connection."""
+
+    kind = "direct"
+
+    def __init__(self, table: PgTableConfig, key_columns: tuple[str, ...] = ()) -> None:
+        self.table = table
+        self.key_columns = key_columns
+        self._conn: psycopg.Connection[Any] | None = None
+        self._task: Any = None
+        self._digest = RowDigest()
+
+    def _open(self, task: Any) -> None:
+        import psycopg
+        from psycopg import sql
+
+        from onceflow.sinks.errors import WriterStateError
+
+        if self._task is not None:
+            raise WriterStateError(f"{self.kind} writer: begin() called twice")
+        self._conn = psycopg.connect(self.table.dsn, autocommit=True)
+        self._task = task
+        if self.table.create_table:
+            extra = None
+            if self.key_columns:
+                extra = sql.SQL("PRIMARY KEY ({})").format(column_list(self.key_columns))
+            create_table_if_missing(self._conn, self.table, extra)
+
+    def _values(self, rows: Iterable[Row]) -> list[tuple[Any, ...]]:
+        from onceflow.sinks.errors import WriterStateError
+
+        if self._conn is None:
+            raise WriterStateError(f"{self.kind} writer: write() needs begin() first")
+        where = f"{self.kind} sink table {self.table.table}"
+        values = [row_values(row, self.table.column_names, where) for row in rows]
+        for v in values:
+            self._digest.add(v)
+        return values
+
+    def _close(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            self._conn.close()

@@ -1,0 +1,84 @@
+"""Plain PostgreSQL sink: rows are inserted during ``write()`` and are visible at once.
+
+No staging and no transaction spanning the epoch: a replayed epoch inserts its rows again, so this sink
+is at-least-once by design (it fills the "plain sink" row of the consistency table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from onceflow.sinks._config import ConfigReader
+from onceflow.sinks._pg import DirectWriterBase, PgTableConfig, insert_rows, insert_statement
+from onceflow.sinks.base import Committable, Row, TaskContext
+from onceflow.sinks.errors import WriterStateError
+
+KIND = "plain"
+
+
+@dataclass(frozen=True)
+class PlainConfig:
+    """``dsn`` (default: the stack's), ``table``, ``columns`` (name -> SQL type), ``create_table``,
+    ``batch_size``, ``name``."""
+
+    table: PgTableConfig
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> PlainConfig:
+        reader = ConfigReader(KIND, config)
+        parsed = cls(table=PgTableConfig.read(reader))
+        reader.finish()
+        return parsed
+
+
+def _as_config(config: PlainConfig | Mapping[str, Any]) -> PlainConfig:
+    return config if isinstance(config, PlainConfig) else PlainConfig.from_mapping(config)
+
+
+class PlainWriter(DirectWriterBase):
+    kind = KIND
+
+    def __init__(self, config: PlainConfig | Mapping[str, Any]) -> None:
+        self.config = _as_config(config)
+        super().__init__(self.config.table)
+
+    def begin(self, task: TaskContext) -> None:
+        self._open(task)
+
+    def write(self, rows: Iterable[Row]) -> None:
+        values = self._values(rows)
+        conn = self._conn
+        assert conn is not None  # checked by _values
+        statement = insert_statement(self.table)
+        for start in range(0, len(values), self.table.batch_size):
+            insert_rows(conn, statement, values[start : start + self.table.batch_size])
+
+    def pre_commit(self) -> Committable:
+        if self._task is None:
+            raise WriterStateError(f"{KIND} writer: pre_commit() needs begin() first")
+        self._close()
+        return Committable.for_task(
+            self._task, handle={}, record_count=self._digest.count, checksum=self._digest.hexdigest()
+        )
+
+    def abort(self) -> None:
+        """Rows already inserted stay: a plain sink cannot take them back."""
+        self._close()
+
+
+class PlainCommitter:
+    """Nothing to do: the rows were visible as soon as they were written."""
+
+    def __init__(self, config: PlainConfig | Mapping[str, Any]) -> None:
+        self.config = _as_config(config)
+
+    def commit(self, committables: Sequence[Committable]) -> None:
+        return None
+
+    def abort(self, committables: Sequence[Committable]) -> None:
+        return None
+
+    def orphans(self, pipeline: str) -> list[Committable]:
+        return []

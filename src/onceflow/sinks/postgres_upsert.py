@@ -1,0 +1,107 @@
+"""Idempotent PostgreSQL sink: ``INSERT ... ON CONFLICT (key columns) DO UPDATE`` during ``write()``.
+
+Exactly-once by idempotence, not by transactions: a replayed epoch writes the same rows for the same
+keys, so duplicates collapse. The price: rows are visible before the epoch commits, and an aborted epoch's
+rows stay until its replay overwrites them. Commit and abort therefore have nothing to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from onceflow.errors import ConfigError
+from onceflow.sinks._config import ConfigReader
+from onceflow.sinks._pg import DirectWriterBase, PgTableConfig, insert_rows, insert_statement
+from onceflow.sinks.base import Committable, Row, TaskContext
+from onceflow.sinks.errors import WriterStateError
+
+KIND = "postgres_upsert"
+
+
+@dataclass(frozen=True)
+class UpsertConfig:
+    """``dsn`` (default: the stack's), ``table``, ``columns`` (name -> SQL type), ``key_columns`` (the
+    conflict target; the created table's primary key), ``create_table``, ``batch_size``, ``name``."""
+
+    table: PgTableConfig
+    key_columns: tuple[str, ...]
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> UpsertConfig:
+        reader = ConfigReader(KIND, config)
+        table = PgTableConfig.read(reader)
+        keys = reader.string_list("key_columns")
+        unknown = [k for k in keys if k not in table.column_names]
+        if unknown:
+            raise ConfigError(f"{KIND} sink config key_columns: {unknown} are not among the columns")
+        reader.finish()
+        return cls(table=table, key_columns=keys)
+
+
+def _as_config(config: UpsertConfig | Mapping[str, Any]) -> UpsertConfig:
+    return config if isinstance(config, UpsertConfig) else UpsertConfig.from_mapping(config)
+
+
+def collapse_by_key(
+    values: Iterable[tuple[Any, ...]], columns: tuple[str, ...], key_columns: tuple[str, ...]
+) -> list[tuple[Any, ...]]:
+    """Keep the last row per key, in first-seen key order.
+
+    One ``INSERT ... ON CONFLICT DO UPDATE`` may not touch a row twice, and the last write wins anyway.
+    """
+    positions = [columns.index(k) for k in key_columns]
+    latest: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    for v in values:
+        latest[tuple(v[p] for p in positions)] = v
+    return list(latest.values())
+
+
+class UpsertWriter(DirectWriterBase):
+    kind = KIND
+
+    def __init__(self, config: UpsertConfig | Mapping[str, Any]) -> None:
+        self.config = _as_config(config)
+        super().__init__(self.config.table, self.config.key_columns)
+
+    def begin(self, task: TaskContext) -> None:
+        self._open(task)
+
+    def write(self, rows: Iterable[Row]) -> None:
+        values = self._values(rows)
+        conn = self._conn
+        assert conn is not None  # checked by _values
+        statement = insert_statement(self.table, self.key_columns)
+        names = self.table.column_names
+        for start in range(0, len(values), self.table.batch_size):
+            batch = values[start : start + self.table.batch_size]
+            insert_rows(conn, statement, collapse_by_key(batch, names, self.key_columns))
+
+    def pre_commit(self) -> Committable:
+        if self._task is None:
+            raise WriterStateError(f"{KIND} writer: pre_commit() needs begin() first")
+        self._close()
+        return Committable.for_task(
+            self._task, handle={}, record_count=self._digest.count, checksum=self._digest.hexdigest()
+        )
+
+    def abort(self) -> None:
+        """Upserted rows stay; the epoch's replay overwrites them with the same values."""
+        self._close()
+
+
+class UpsertCommitter:
+    """Nothing to commit or abort: every write was already final and idempotent."""
+
+    def __init__(self, config: UpsertConfig | Mapping[str, Any]) -> None:
+        self.config = _as_config(config)
+
+    def commit(self, committables: Sequence[Committable]) -> None:
+        return None
+
+    def abort(self, committables: Sequence[Committable]) -> None:
+        return None
+
+    def orphans(self, pipeline: str) -> list[Committable]:
+        return []

@@ -1,0 +1,156 @@
+"""Write-ahead-log sink (after Flink's ``GenericWriteAheadSink``): at-least-once, on purpose.
+
+Pre-commit keeps the task's rows durably in a staged JSON-lines file (standing in for the state backend);
+commit pushes them into a plain PostgreSQL table with ordinary inserts, then deletes the log. The target
+has no marker, so a crash after the push and before the delete pushes the rows again on recovery: this
+sink exists to show that gap in the consistency table. Values must be JSON types (str, int, float, bool,
+None); PostgreSQL casts them to the column types on insert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from onceflow.sinks._config import ConfigReader
+from onceflow.sinks._pg import (
+    PgTableConfig,
+    RowDigest,
+    create_table_if_missing,
+    insert_rows,
+    insert_statement,
+    row_values,
+)
+from onceflow.sinks.base import Committable, Row, TaskContext
+from onceflow.sinks.errors import RowError, StagedOutputCorrupt, StagedOutputLost, WriterStateError
+from onceflow.sinks.staging import StagingArea, fsync_dir, make_dirs_durable, sha256_file
+
+KIND = "wal"
+LOG = "rows.jsonl"
+
+
+@dataclass(frozen=True)
+class WalConfig:
+    """``root`` (folder for the logs), ``dsn`` (default: the stack's), ``table``, ``columns`` (name -> SQL
+    type), ``create_table``, ``batch_size``, ``name``."""
+
+    root: str
+    table: PgTableConfig
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> WalConfig:
+        reader = ConfigReader(KIND, config)
+        parsed = cls(root=reader.path("root"), table=PgTableConfig.read(reader))
+        reader.finish()
+        return parsed
+
+
+def _as_config(config: WalConfig | Mapping[str, Any]) -> WalConfig:
+    return config if isinstance(config, WalConfig) else WalConfig.from_mapping(config)
+
+
+def encode_row(values: tuple[Any, ...], where: str) -> bytes:
+    try:
+        return json.dumps(list(values), allow_nan=False, separators=(",", ":")).encode() + b"\n"
+    except (TypeError, ValueError) as exc:
+        raise RowError(f"{where}: values must be JSON types (str, int, float, bool, None): {exc}") from exc
+
+
+class WalWriter:
+    """Appends the task's rows to its log file; pre-commit fsyncs it and writes the manifest."""
+
+    def __init__(self, config: WalConfig | Mapping[str, Any]) -> None:
+        self.config = _as_config(config)
+        self._area = StagingArea(Path(self.config.root))
+        self._task: TaskContext | None = None
+        self._dir: Path | None = None
+        self._file: IO[bytes] | None = None
+        self._digest = RowDigest()
+        self._done = False
+
+    def begin(self, task: TaskContext) -> None:
+        if self._task is not None:
+            raise WriterStateError(f"{KIND} writer: begin() called twice (for {task.txn_id})")
+        folder = self._area.for_task(task)
+        self._area.remove(folder)
+        make_dirs_durable(folder)
+        self._task, self._dir = task, folder
+        self._file = open(folder / LOG, "wb")  # noqa: SIM115 - closed in pre_commit or abort
+
+    def write(self, rows: Iterable[Row]) -> None:
+        if self._file is None or self._done:
+            raise WriterStateError(f"{KIND} writer: write needs begin() first and no pre_commit()")
+        where = f"{KIND} sink table {self.config.table.table}"
+        for row in rows:
+            values = row_values(row, self.config.table.column_names, where)
+            self._file.write(encode_row(values, where))
+            self._digest.add(values)
+
+    def pre_commit(self) -> Committable:
+        if self._file is None or self._task is None or self._dir is None or self._done:
+            raise WriterStateError(f"{KIND} writer: pre_commit needs begin() first and only once")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        fsync_dir(self._dir)
+        committable = Committable.for_task(
+            self._task,
+            handle={"file": LOG, "sha256": sha256_file(self._dir / LOG)},
+            record_count=self._digest.count,
+            checksum=self._digest.hexdigest(),
+        )
+        self._area.write_manifest(self._dir, committable)
+        self._done = True
+        return committable
+
+    def abort(self) -> None:
+        if self._file is not None and not self._file.closed:
+            self._file.close()
+        if self._dir is not None:
+            self._area.remove(self._dir)
+
+
+class WalCommitter:
+    """Pushes each log into the table, then deletes it. ``crash_hook("wal.pushed")`` runs in between."""
+
+    def __init__(
+        self, config: WalConfig | Mapping[str, Any], crash_hook: Callable[[str], None] | None = None
+    ) -> None:
+        self.config = _as_config(config)
+        self._area = StagingArea(Path(self.config.root))
+        self._hook = crash_hook or (lambda step: None)
+
+    def commit(self, committables: Sequence[Committable]) -> None:
+        """A missing log counts as pushed: it is deleted only after a push (the at-least-once side)."""
+        import psycopg
+
+        table = self.config.table
+        with psycopg.connect(table.dsn, autocommit=True) as conn:
+            if table.create_table:
+                create_table_if_missing(conn, table)
+            statement = insert_statement(table)
+            for c in committables:
+                if c.handle.get("incomplete"):
+                    raise StagedOutputLost(f"{KIND}: {c.sink} epoch {c.epoch} {c.task} never pre-committed")
+                folder = self._area.for_committable(c)
+                path = folder / LOG
+                if not path.exists():
+                    continue
+                if sha256_file(path) != c.handle.get("sha256"):
+                    raise StagedOutputCorrupt(f"{KIND}: {path} does not match its pre-commit checksum")
+                rows = [tuple(json.loads(line)) for line in path.read_bytes().splitlines()]
+                for start in range(0, len(rows), table.batch_size):
+                    insert_rows(conn, statement, rows[start : start + table.batch_size])
+                self._hook("wal.pushed")
+                self._area.remove(folder)
+
+    def abort(self, committables: Sequence[Committable]) -> None:
+        for c in committables:
+            self._area.remove(self._area.for_committable(c))
+
+    def orphans(self, pipeline: str) -> list[Committable]:
+        return self._area.orphans(pipeline, self.config.table.name)
