@@ -25,7 +25,9 @@ records = st.lists(
 
 
 @given(records)
-def test_staged_records_read_back_in_order(tmp_path_factory: pytest.TempPathFactory, items: list[tuple[bytes | None, bytes]]) -> None:
+def test_staged_records_read_back_in_order(
+    tmp_path_factory: pytest.TempPathFactory, items: list[tuple[bytes | None, bytes]]
+) -> None:
     path = tmp_path_factory.mktemp("rec") / "records.bin"
     path.write_bytes(b"".join(encode_record({"key": k, "value": v}) for k, v in items))
     assert list(read_records(path)) == items
