@@ -1,0 +1,69 @@
+"""Typed errors of the ledger: each message names the pipeline, the epoch and why the ledger said no.
+
+Callers branch on the class (a DAG task turns `IllegalTransition` into a clear refusal, a Spark task turns
+`PrecommitRefused` into rolling back its own staging), so every refusal the invariants demand has one.
+"""
+
+from __future__ import annotations
+
+from onceflow.errors import OnceflowError
+
+
+class LedgerError(OnceflowError):
+    """Base of every error the ledger raises on purpose."""
+
+
+class SchemaMismatch(LedgerError):
+    """The ledger database was made by another schema revision (or not initialised at all)."""
+
+
+class UnknownEpoch(LedgerError):
+    """The pipeline has no epoch with that number."""
+
+
+class InvalidPlan(LedgerError):
+    """A plan is malformed: duplicate partitions, duplicate participants, a bad data interval."""
+
+
+class EpochInFlight(InvalidPlan):
+    """Invariant 1: another epoch of the pipeline is not final yet."""
+
+
+class OffsetGap(InvalidPlan):
+    """Invariant 2: a range does not start where the last committed epoch ended."""
+
+
+class PrecommitRefused(LedgerError):
+    """Invariant 3: the ledger did not accept a pre-commit; the caller must abort its own staging."""
+
+
+class EpochNotPlanned(PrecommitRefused):
+    """The epoch has already been decided or aborted."""
+
+
+class StaleAttemptToken(PrecommitRefused):
+    """The attempt token is not the epoch's current one (a zombie from a superseded attempt)."""
+
+
+class UnexpectedParticipant(PrecommitRefused):
+    """The (sink, task) was not planned as a participant of the epoch."""
+
+
+class LosingAttempt(PrecommitRefused):
+    """Another attempt of the same (sink, task) registered first and won."""
+
+
+class IllegalTransition(LedgerError):
+    """The epoch's current status does not allow the requested transition."""
+
+
+class ParticipantsMissing(IllegalTransition):
+    """Invariant 4: the decision to commit needs every expected participant PRECOMMITTED."""
+
+
+class MissingCommitter(LedgerError):
+    """A sink of the epoch has no committer, so the coordinator cannot commit or abort it."""
+
+
+class SinkCallFailed(LedgerError):
+    """A committer's commit or abort raised; the epoch stays as it is and the call is retried later."""

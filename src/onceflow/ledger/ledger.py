@@ -1,0 +1,791 @@
+"""The ledger's epoch state machine: the one API that DAG tasks, Spark executors and the CLI call.
+
+Epoch status moves ``PLANNED -> COMMITTING -> COMMITTED`` or ``PLANNED -> ABORTING -> ABORTED``. Every
+transition is a compare-and-set (``UPDATE ... WHERE status = :expected``, rowcount checked) in its own short
+transaction, taken after locking the epoch row (``SELECT ... FOR UPDATE`` on PostgreSQL, ``BEGIN IMMEDIATE``
+on SQLite), so a cleared Airflow task, a retry and a concurrent manual action can never both win. Whatever
+is refused raises a typed error naming the pipeline, the epoch, its status and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from onceflow.ledger import schema
+from onceflow.ledger.errors import (
+    EpochInFlight,
+    EpochNotPlanned,
+    IllegalTransition,
+    InvalidPlan,
+    LedgerError,
+    LosingAttempt,
+    OffsetGap,
+    ParticipantsMissing,
+    StaleAttemptToken,
+    UnexpectedParticipant,
+    UnknownEpoch,
+)
+from onceflow.ledger.models import (
+    OPEN_STATUSES,
+    DeadLetterRow,
+    EpochOffsetRow,
+    EpochRow,
+    EpochStatus,
+    ParticipantRow,
+    ParticipantStatus,
+    PipelineRow,
+    SnapshotStatus,
+    StateSnapshotRow,
+    utcnow,
+)
+from onceflow.ledger.records import DeadLetter, Epoch, Participant, StateSnapshot, StoredDeadLetter
+from onceflow.offsets import OffsetRange
+from onceflow.sinks.base import Committable, SinkCommitter
+
+if TYPE_CHECKING:
+    from onceflow.ledger.coordinator import RecoveryReport
+
+# Handle keys that name where a committable's output is staged, in the order they are looked up.
+_LOCATION_KEYS = ("location", "path", "gid", "transactional_id")
+
+
+def staged_location(committable: Committable) -> str | None:
+    """Where the committable's output is staged, for people reading the ledger (None if not named)."""
+    for key in _LOCATION_KEYS:
+        value = committable.handle.get(key)
+        if value is not None:
+            return str(value)
+    return None
+
+
+def _where(pipeline: str, number: int) -> str:
+    return f"epoch {number} of pipeline {pipeline!r}"
+
+
+class Ledger:
+    """Durable epoch state of every pipeline; thread-safe, and safe to use from many processes at once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def connect(cls, url: str, *, check: bool = True) -> Ledger:
+        """Open the ledger at ``url``; unless ``check`` is False, require the schema to be at head."""
+        ledger = cls(schema.make_engine(url))
+        if check:
+            try:
+                schema.check_schema(ledger.engine)
+            except BaseException:
+                ledger.close()
+                raise
+        return ledger
+
+    def upgrade(self) -> None:
+        """Create or migrate the schema (alembic upgrade head)."""
+        schema.upgrade(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    # ----------------------------------------------------------------------------------------- reads
+
+    def _epoch_row(self, s: Session, pipeline: str, number: int, *, lock: str | None = None) -> EpochRow:
+        stmt = select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.epoch == number)
+        if lock is not None:
+            stmt = stmt.with_for_update(read=lock == "share")
+        row = s.scalars(stmt).one_or_none()
+        if row is None:
+            raise UnknownEpoch(f"pipeline {pipeline!r} has no epoch {number}")
+        return row
+
+    def _to_epoch(self, s: Session, row: EpochRow) -> Epoch:
+        offsets = s.scalars(
+            select(EpochOffsetRow)
+            .where(EpochOffsetRow.pipeline == row.pipeline, EpochOffsetRow.epoch == row.epoch)
+            .order_by(EpochOffsetRow.topic, EpochOffsetRow.partition)
+        ).all()
+        return self._build_epoch(row, offsets)
+
+    @staticmethod
+    def _build_epoch(row: EpochRow, offsets: Sequence[EpochOffsetRow]) -> Epoch:
+        return Epoch(
+            pipeline=row.pipeline,
+            number=row.epoch,
+            status=EpochStatus(row.status),
+            attempt_token=row.attempt_token,
+            ranges=tuple(OffsetRange(o.topic, o.partition, o.from_offset, o.until_offset) for o in offsets),
+            expected=tuple((str(a), str(b)) for a, b in json.loads(row.expected_participants)),
+            planned_at=row.planned_at,
+            run_id=row.run_id,
+            data_interval_start=row.data_interval_start,
+            data_interval_end=row.data_interval_end,
+            decided_at=row.decided_at,
+            finished_at=row.finished_at,
+            abort_reason=row.abort_reason,
+        )
+
+    @staticmethod
+    def _to_participant(row: ParticipantRow) -> Participant:
+        return Participant(
+            pipeline=row.pipeline,
+            epoch=row.epoch,
+            sink=row.sink,
+            task=row.task,
+            slice=row.slice,
+            attempt=row.attempt,
+            status=ParticipantStatus(row.status),
+            committable=Committable.from_json(row.committable),
+            staged_location=row.staged_location,
+            record_count=row.record_count,
+            checksum=row.checksum,
+            precommitted_at=row.precommitted_at,
+            finished_at=row.finished_at,
+        )
+
+    def epoch(self, pipeline: str, number: int) -> Epoch:
+        with self._tx() as s:
+            return self._to_epoch(s, self._epoch_row(s, pipeline, number))
+
+    def epochs(self, pipeline: str, *, last: int | None = None) -> list[Epoch]:
+        """The pipeline's epochs in order (only the ``last`` ones if given)."""
+        with self._tx() as s:
+            stmt = select(EpochRow).where(EpochRow.pipeline == pipeline).order_by(EpochRow.epoch.desc())
+            if last is not None:
+                stmt = stmt.limit(last)
+            rows = list(reversed(s.scalars(stmt).all()))
+            if not rows:
+                return []
+            offsets = s.scalars(
+                select(EpochOffsetRow)
+                .where(EpochOffsetRow.pipeline == pipeline, EpochOffsetRow.epoch >= rows[0].epoch)
+                .order_by(EpochOffsetRow.topic, EpochOffsetRow.partition)
+            ).all()
+        by_epoch: dict[int, list[EpochOffsetRow]] = {}
+        for o in offsets:
+            by_epoch.setdefault(o.epoch, []).append(o)
+        return [self._build_epoch(row, by_epoch.get(row.epoch, [])) for row in rows]
+
+    def open_epoch(self, pipeline: str) -> Epoch | None:
+        """The pipeline's epoch that is not final yet, if any (there is at most one: invariant 1)."""
+        with self._tx() as s:
+            row = s.scalars(
+                select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.status.in_(OPEN_STATUSES))
+            ).one_or_none()
+            return None if row is None else self._to_epoch(s, row)
+
+    def find_by_interval(self, pipeline: str, start: datetime, end: datetime) -> list[Epoch]:
+        """Epochs planned for exactly this data interval, e.g. to make a re-run of a committed one a no-op."""
+        with self._tx() as s:
+            rows = s.scalars(
+                select(EpochRow)
+                .where(
+                    EpochRow.pipeline == pipeline,
+                    EpochRow.data_interval_start == start,
+                    EpochRow.data_interval_end == end,
+                )
+                .order_by(EpochRow.epoch)
+            ).all()
+            return [self._to_epoch(s, row) for row in rows]
+
+    def pipelines(self) -> list[str]:
+        with self._tx() as s:
+            return list(s.scalars(select(PipelineRow.name).order_by(PipelineRow.name)).all())
+
+    def participants(self, pipeline: str, number: int) -> list[Participant]:
+        with self._tx() as s:
+            rows = s.scalars(
+                select(ParticipantRow)
+                .where(ParticipantRow.pipeline == pipeline, ParticipantRow.epoch == number)
+                .order_by(ParticipantRow.sink, ParticipantRow.task)
+            ).all()
+            return [self._to_participant(r) for r in rows]
+
+    def sinks(self, pipeline: str) -> list[str]:
+        """Every sink any epoch of the pipeline expected, e.g. to ask all of them for orphans."""
+        with self._tx() as s:
+            lists = s.scalars(
+                select(EpochRow.expected_participants).where(EpochRow.pipeline == pipeline).distinct()
+            ).all()
+            registered = s.scalars(
+                select(ParticipantRow.sink).where(ParticipantRow.pipeline == pipeline).distinct()
+            ).all()
+        names = set(registered)
+        for text in lists:
+            names.update(str(sink) for sink, _ in json.loads(text))
+        return sorted(names)
+
+    @staticmethod
+    def _committed_offsets(s: Session, pipeline: str) -> dict[tuple[str, int], int]:
+        rows = s.execute(
+            select(EpochOffsetRow.topic, EpochOffsetRow.partition, func.max(EpochOffsetRow.until_offset))
+            .join(
+                EpochRow,
+                (EpochRow.pipeline == EpochOffsetRow.pipeline) & (EpochRow.epoch == EpochOffsetRow.epoch),
+            )
+            .where(EpochOffsetRow.pipeline == pipeline, EpochRow.status == EpochStatus.COMMITTED.value)
+            .group_by(EpochOffsetRow.topic, EpochOffsetRow.partition)
+        ).all()
+        return {(str(topic), int(partition)): int(until) for topic, partition, until in rows}
+
+    def committed_offsets(self, pipeline: str) -> dict[tuple[str, int], int]:
+        """Per (topic, partition), where the last COMMITTED epoch ended: where the next epoch must start."""
+        with self._tx() as s:
+            return self._committed_offsets(s, pipeline)
+
+    # ------------------------------------------------------------------------------------------ plan
+
+    def plan_epoch(
+        self,
+        pipeline: str,
+        ranges: Sequence[OffsetRange],
+        expected: Sequence[tuple[str, str]],
+        *,
+        run_id: str | None = None,
+        data_interval: tuple[datetime, datetime] | None = None,
+    ) -> Epoch:
+        """Record epoch n+1's input ranges and participants before anything is processed.
+
+        Refused while another epoch is not final (invariant 1) and for a range that does not start where
+        the last committed epoch of its partition ended (invariant 2). Each plan gets a fresh attempt token
+        that pre-commits must present.
+        """
+        if not pipeline or not isinstance(pipeline, str):
+            raise InvalidPlan(f"pipeline name {pipeline!r}: expected a non-empty string")
+        seen: set[tuple[str, int]] = set()
+        for r in ranges:
+            if (r.topic, r.partition) in seen:
+                raise InvalidPlan(f"pipeline {pipeline!r}: partition {r.topic}[{r.partition}] planned twice")
+            seen.add((r.topic, r.partition))
+        pairs = sorted({(str(sink), str(task)) for sink, task in expected})
+        if len(pairs) != len(expected):
+            raise InvalidPlan(f"pipeline {pipeline!r}: a (sink, task) participant is listed twice")
+        if any(not sink or not task for sink, task in pairs):
+            raise InvalidPlan(f"pipeline {pipeline!r}: participants need non-empty sink and task names")
+        if data_interval is not None:
+            start, end = data_interval
+            if start.tzinfo is None or end.tzinfo is None or end < start:
+                raise InvalidPlan(
+                    f"pipeline {pipeline!r}: data interval {start} .. {end} must be timezone-aware and "
+                    "end no earlier than it starts"
+                )
+        for attempt in range(3):
+            try:
+                return self._plan_once(pipeline, ranges, pairs, run_id, data_interval)
+            except IntegrityError as exc:
+                # A concurrent planner inserted the pipeline or the same epoch first; look again.
+                if attempt == 2:
+                    raise EpochInFlight(
+                        f"pipeline {pipeline!r}: another process is planning an epoch at the same time"
+                    ) from exc
+        raise AssertionError("unreachable")
+
+    def _plan_once(
+        self,
+        pipeline: str,
+        ranges: Sequence[OffsetRange],
+        pairs: list[tuple[str, str]],
+        run_id: str | None,
+        data_interval: tuple[datetime, datetime] | None,
+    ) -> Epoch:
+        now = utcnow()
+        with self._tx() as s:
+            if s.get(PipelineRow, pipeline, with_for_update=True) is None:
+                s.add(PipelineRow(name=pipeline, created_at=now))
+                s.flush()
+            busy = s.scalars(
+                select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.status.in_(OPEN_STATUSES))
+            ).first()
+            if busy is not None:
+                raise EpochInFlight(
+                    f"pipeline {pipeline!r}: epoch {busy.epoch} is still {busy.status}; it must be committed "
+                    f"or aborted (e.g. `onceflow recover {pipeline}`) before another epoch is planned"
+                )
+            committed = self._committed_offsets(s, pipeline)
+            for r in ranges:
+                position = committed.get((r.topic, r.partition))
+                if position is not None and r.from_offset != position:
+                    raise OffsetGap(
+                        f"pipeline {pipeline!r}: range {r} must start at offset {position}, where the last "
+                        "committed epoch of that partition ended"
+                    )
+            last = s.scalar(select(func.max(EpochRow.epoch)).where(EpochRow.pipeline == pipeline))
+            row = EpochRow(
+                pipeline=pipeline,
+                epoch=(last or 0) + 1,
+                status=EpochStatus.PLANNED.value,
+                run_id=run_id,
+                attempt_token=secrets.token_hex(16),
+                data_interval_start=None if data_interval is None else data_interval[0],
+                data_interval_end=None if data_interval is None else data_interval[1],
+                expected_participants=json.dumps([list(p) for p in pairs]),
+                planned_at=now,
+            )
+            s.add(row)
+            s.flush()
+            s.add_all(
+                EpochOffsetRow(
+                    pipeline=pipeline,
+                    epoch=row.epoch,
+                    topic=r.topic,
+                    partition=r.partition,
+                    from_offset=r.from_offset,
+                    until_offset=r.until_offset,
+                )
+                for r in ranges
+            )
+            s.flush()
+            return self._to_epoch(s, row)
+
+    def renew_attempt_token(self, pipeline: str, number: int) -> Epoch:
+        """Give a PLANNED epoch a fresh token, fencing off stragglers of an earlier job submission.
+
+        Participants registered already stay: their output is staged durably and task ids are stable.
+        """
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="update")
+            if row.status != EpochStatus.PLANNED:
+                raise IllegalTransition(
+                    f"cannot renew the attempt token of {_where(pipeline, number)}: it is {row.status}"
+                )
+            token = secrets.token_hex(16)
+            self._cas(s, pipeline, number, EpochStatus.PLANNED, EpochStatus.PLANNED, attempt_token=token)
+            row.attempt_token = token
+            return self._to_epoch(s, row)
+
+    # ------------------------------------------------------------------------------------ pre-commit
+
+    def _check_fence(self, row: EpochRow, token: str, what: str) -> None:
+        if row.status != EpochStatus.PLANNED:
+            raise EpochNotPlanned(
+                f"{_where(row.pipeline, row.epoch)} is {row.status}, not PLANNED: {what} refused "
+                "(the caller must roll back its own staging)"
+            )
+        if token != row.attempt_token:
+            raise StaleAttemptToken(
+                f"{_where(row.pipeline, row.epoch)}: {what} refused, its attempt token is not the current "
+                "one (a zombie of a superseded attempt; the caller must roll back its own staging)"
+            )
+
+    def register_precommit(self, committable: Committable, attempt_token: str) -> Participant:
+        """Record that a task attempt staged its output durably (Flink's preCommit), if the ledger allows.
+
+        Accepted only while the epoch is PLANNED, the token is current and (sink, task) is expected
+        (invariant 3). The first attempt of a (sink, task) wins; the same attempt again is a no-op; any
+        other attempt gets `LosingAttempt`. On any `PrecommitRefused` the caller aborts its own staging.
+        """
+        c = committable
+        what = f"pre-commit of sink {c.sink!r} task {c.task!r} attempt {c.attempt!r}"
+        for retry in range(2):
+            try:
+                with self._tx() as s:
+                    row = self._epoch_row(s, c.pipeline, c.epoch, lock="share")
+                    self._check_fence(row, attempt_token, what)
+                    expected = {(str(a), str(b)) for a, b in json.loads(row.expected_participants)}
+                    if (c.sink, c.task) not in expected:
+                        raise UnexpectedParticipant(
+                            f"{_where(c.pipeline, c.epoch)}: {what} refused, (sink, task) "
+                            f"({c.sink!r}, {c.task!r}) is not an expected participant"
+                        )
+                    existing = s.get(ParticipantRow, (c.pipeline, c.epoch, c.sink, c.task))
+                    if existing is not None:
+                        if existing.attempt == c.attempt:
+                            return self._to_participant(existing)
+                        raise LosingAttempt(
+                            f"{_where(c.pipeline, c.epoch)}: {what} refused, attempt {existing.attempt!r} "
+                            "of that task registered first and won"
+                        )
+                    new = ParticipantRow(
+                        pipeline=c.pipeline,
+                        epoch=c.epoch,
+                        sink=c.sink,
+                        task=c.task,
+                        slice=c.slice,
+                        attempt=c.attempt,
+                        attempt_token=attempt_token,
+                        committable=c.to_json(),
+                        staged_location=staged_location(c),
+                        record_count=c.record_count,
+                        checksum=c.checksum,
+                        status=ParticipantStatus.PRECOMMITTED.value,
+                        precommitted_at=utcnow(),
+                    )
+                    s.add(new)
+                    s.flush()
+                    return self._to_participant(new)
+            except IntegrityError:
+                # Another attempt of the same task inserted concurrently: look again to see who won.
+                if retry:
+                    raise
+        raise AssertionError("unreachable")
+
+    # ----------------------------------------------------------------------------------- transitions
+
+    @staticmethod
+    def _cas(
+        s: Session, pipeline: str, number: int, old: EpochStatus, new: EpochStatus, **values: Any
+    ) -> bool:
+        result = s.execute(
+            update(EpochRow)
+            .where(EpochRow.pipeline == pipeline, EpochRow.epoch == number, EpochRow.status == old.value)
+            .values(status=new.value, **values)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+    def _transition(
+        self, s: Session, row: EpochRow, old: EpochStatus, new: EpochStatus, **values: Any
+    ) -> None:
+        if not self._cas(s, row.pipeline, row.epoch, old, new, **values):
+            raise IllegalTransition(
+                f"{_where(row.pipeline, row.epoch)} changed concurrently: it is no longer {old}, "
+                f"so it cannot become {new}"
+            )
+        row.status = new.value
+        for key, value in values.items():
+            setattr(row, key, value)
+
+    def _participant_rows(self, s: Session, pipeline: str, number: int) -> Sequence[ParticipantRow]:
+        return s.scalars(
+            select(ParticipantRow)
+            .where(ParticipantRow.pipeline == pipeline, ParticipantRow.epoch == number)
+            .order_by(ParticipantRow.sink, ParticipantRow.task)
+        ).all()
+
+    def decide(self, pipeline: str, number: int) -> Epoch:
+        """Write the durable decision to commit: PLANNED -> COMMITTING (idempotent once decided).
+
+        Only when every expected participant is PRECOMMITTED (invariant 4); refused once an abort began
+        (invariant 6).
+        """
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="update")
+            status = EpochStatus(row.status)
+            if status in (EpochStatus.COMMITTING, EpochStatus.COMMITTED):
+                return self._to_epoch(s, row)
+            if status is not EpochStatus.PLANNED:
+                raise IllegalTransition(
+                    f"cannot commit {_where(pipeline, number)}: it is {status}"
+                    f" (abort reason: {row.abort_reason or 'none given'}); once an abort has begun, commit "
+                    "is refused and its range is replayed by the next epoch"
+                )
+            reported = {(p.sink, p.task) for p in self._participant_rows(s, pipeline, number)}
+            expected = [(str(a), str(b)) for a, b in json.loads(row.expected_participants)]
+            missing = [pair for pair in expected if pair not in reported]
+            if missing:
+                names = ", ".join(f"{sink}/{task}" for sink, task in missing[:10])
+                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+                raise ParticipantsMissing(
+                    f"cannot commit {_where(pipeline, number)}: {len(missing)} of {len(expected)} expected "
+                    f"participants have not pre-committed ({names}{more})"
+                )
+            self._transition(s, row, EpochStatus.PLANNED, EpochStatus.COMMITTING, decided_at=utcnow())
+            return self._to_epoch(s, row)
+
+    def _mark(
+        self,
+        pipeline: str,
+        number: int,
+        sink: str,
+        *,
+        during: EpochStatus,
+        done: EpochStatus,
+        to: ParticipantStatus,
+    ) -> int:
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="share")
+            if row.status == done:
+                return 0
+            if row.status != during:
+                raise IllegalTransition(
+                    f"cannot mark sink {sink!r} of {_where(pipeline, number)} {to}: the epoch is "
+                    f"{row.status}, not {during}"
+                )
+            result = s.execute(
+                update(ParticipantRow)
+                .where(
+                    ParticipantRow.pipeline == pipeline,
+                    ParticipantRow.epoch == number,
+                    ParticipantRow.sink == sink,
+                    ParticipantRow.status == ParticipantStatus.PRECOMMITTED.value,
+                )
+                .values(status=to.value, finished_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            return int(result.rowcount)  # type: ignore[attr-defined]
+
+    def mark_committed(self, pipeline: str, number: int, sink: str) -> int:
+        """Record that the sink's committer committed its participants of a COMMITTING epoch."""
+        return self._mark(
+            pipeline,
+            number,
+            sink,
+            during=EpochStatus.COMMITTING,
+            done=EpochStatus.COMMITTED,
+            to=ParticipantStatus.COMMITTED,
+        )
+
+    def mark_aborted(self, pipeline: str, number: int, sink: str) -> int:
+        """Record that the sink's committer rolled back its participants of an ABORTING epoch."""
+        return self._mark(
+            pipeline,
+            number,
+            sink,
+            during=EpochStatus.ABORTING,
+            done=EpochStatus.ABORTED,
+            to=ParticipantStatus.ABORTED,
+        )
+
+    def _snapshots_to(self, s: Session, pipeline: str, number: int, status: SnapshotStatus) -> None:
+        s.execute(
+            update(StateSnapshotRow)
+            .where(
+                StateSnapshotRow.pipeline == pipeline,
+                StateSnapshotRow.epoch == number,
+                StateSnapshotRow.status == SnapshotStatus.STAGED.value,
+            )
+            .values(status=status.value, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+
+    def finish(self, pipeline: str, number: int) -> Epoch:
+        """COMMITTING -> COMMITTED once every participant is COMMITTED; idempotent.
+
+        The epoch's staged state snapshots are promoted in the same transaction, so that the source
+        position and the state advance together and only with COMMITTED (invariant 7).
+        """
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="update")
+            if row.status == EpochStatus.COMMITTED:
+                return self._to_epoch(s, row)
+            if row.status != EpochStatus.COMMITTING:
+                raise IllegalTransition(
+                    f"cannot finish committing {_where(pipeline, number)}: it is {row.status}, not COMMITTING"
+                )
+            pending = [
+                f"{p.sink}/{p.task}"
+                for p in self._participant_rows(s, pipeline, number)
+                if p.status != ParticipantStatus.COMMITTED
+            ]
+            if pending:
+                raise IllegalTransition(
+                    f"cannot finish committing {_where(pipeline, number)}: participants not committed yet "
+                    f"({', '.join(pending)}); commit them first (`onceflow commit {pipeline} {number}`)"
+                )
+            self._transition(s, row, EpochStatus.COMMITTING, EpochStatus.COMMITTED, finished_at=utcnow())
+            self._snapshots_to(s, pipeline, number, SnapshotStatus.COMMITTED)
+            return self._to_epoch(s, row)
+
+    def begin_abort(self, pipeline: str, number: int, reason: str) -> Epoch:
+        """PLANNED -> ABORTING; idempotent once aborting; refused once decided (invariant 5)."""
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="update")
+            status = EpochStatus(row.status)
+            if status in (EpochStatus.ABORTING, EpochStatus.ABORTED):
+                return self._to_epoch(s, row)
+            if status is not EpochStatus.PLANNED:
+                raise IllegalTransition(
+                    f"cannot abort {_where(pipeline, number)}: it is {status}; the decision to commit is "
+                    f"durable, so the only outcome is COMMITTED (run `onceflow commit {pipeline} {number}` "
+                    f"or `onceflow recover {pipeline}` to finish it)"
+                )
+            self._transition(s, row, EpochStatus.PLANNED, EpochStatus.ABORTING, abort_reason=reason)
+            return self._to_epoch(s, row)
+
+    def finish_abort(self, pipeline: str, number: int) -> Epoch:
+        """ABORTING -> ABORTED once every participant is ABORTED; staged state is discarded with it."""
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="update")
+            if row.status == EpochStatus.ABORTED:
+                return self._to_epoch(s, row)
+            if row.status != EpochStatus.ABORTING:
+                raise IllegalTransition(
+                    f"cannot finish aborting {_where(pipeline, number)}: it is {row.status}, not ABORTING"
+                )
+            pending = [
+                f"{p.sink}/{p.task}"
+                for p in self._participant_rows(s, pipeline, number)
+                if p.status != ParticipantStatus.ABORTED
+            ]
+            if pending:
+                raise IllegalTransition(
+                    f"cannot finish aborting {_where(pipeline, number)}: participants not rolled back yet "
+                    f"({', '.join(pending)})"
+                )
+            self._transition(s, row, EpochStatus.ABORTING, EpochStatus.ABORTED, finished_at=utcnow())
+            self._snapshots_to(s, pipeline, number, SnapshotStatus.DISCARDED)
+            return self._to_epoch(s, row)
+
+    # ------------------------------------------------------------------------ state and dead letters
+
+    def stage_snapshot(self, pipeline: str, number: int, location: str, attempt_token: str) -> StateSnapshot:
+        """Record a state snapshot written for a PLANNED epoch; it counts only once the epoch commits."""
+        now = utcnow()
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="share")
+            self._check_fence(row, attempt_token, f"state snapshot {location!r}")
+            snap = StateSnapshotRow(
+                pipeline=pipeline,
+                epoch=number,
+                location=location,
+                status=SnapshotStatus.STAGED.value,
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(snap)
+            s.flush()
+            return self._to_snapshot(snap)
+
+    @staticmethod
+    def _to_snapshot(row: StateSnapshotRow) -> StateSnapshot:
+        return StateSnapshot(
+            id=row.id,
+            pipeline=row.pipeline,
+            epoch=row.epoch,
+            location=row.location,
+            status=SnapshotStatus(row.status),
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+    def snapshots(self, pipeline: str, number: int) -> list[StateSnapshot]:
+        with self._tx() as s:
+            rows = s.scalars(
+                select(StateSnapshotRow)
+                .where(StateSnapshotRow.pipeline == pipeline, StateSnapshotRow.epoch == number)
+                .order_by(StateSnapshotRow.id)
+            ).all()
+            return [self._to_snapshot(r) for r in rows]
+
+    def latest_snapshot(self, pipeline: str) -> StateSnapshot | None:
+        """The state of the last committed epoch that wrote one: where a stateful job resumes."""
+        with self._tx() as s:
+            row = s.scalars(
+                select(StateSnapshotRow)
+                .where(
+                    StateSnapshotRow.pipeline == pipeline,
+                    StateSnapshotRow.status == SnapshotStatus.COMMITTED.value,
+                )
+                .order_by(StateSnapshotRow.epoch.desc(), StateSnapshotRow.id.desc())
+                .limit(1)
+            ).one_or_none()
+            return None if row is None else self._to_snapshot(row)
+
+    def add_dead_letters(
+        self, pipeline: str, number: int, letters: Sequence[DeadLetter], attempt_token: str
+    ) -> int:
+        """Keep records that failed to decode or transform; a retried task adding them again is a no-op.
+
+        Fenced like a pre-commit, and listed only once the epoch commits (an aborted epoch is replayed
+        and reports its dead letters again).
+        """
+        now = utcnow()
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="share")
+            self._check_fence(row, attempt_token, f"{len(letters)} dead letters")
+            have = {
+                (t, p, o)
+                for t, p, o in s.execute(
+                    select(DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset).where(
+                        DeadLetterRow.pipeline == pipeline, DeadLetterRow.epoch == number
+                    )
+                ).all()
+            }
+            added = 0
+            for d in letters:
+                if (d.topic, d.partition, d.offset) in have:
+                    continue
+                have.add((d.topic, d.partition, d.offset))
+                s.add(
+                    DeadLetterRow(
+                        pipeline=pipeline,
+                        epoch=number,
+                        topic=d.topic,
+                        partition=d.partition,
+                        offset=d.offset,
+                        key=d.key,
+                        reason=d.reason,
+                        value=d.value,
+                        created_at=now,
+                    )
+                )
+                added += 1
+            return added
+
+    def dead_letters(
+        self, pipeline: str, *, epoch: int | None = None, include_uncommitted: bool = False
+    ) -> list[StoredDeadLetter]:
+        with self._tx() as s:
+            stmt = (
+                select(DeadLetterRow)
+                .join(
+                    EpochRow,
+                    (EpochRow.pipeline == DeadLetterRow.pipeline) & (EpochRow.epoch == DeadLetterRow.epoch),
+                )
+                .where(DeadLetterRow.pipeline == pipeline)
+                .order_by(
+                    DeadLetterRow.epoch, DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset
+                )
+            )
+            if epoch is not None:
+                stmt = stmt.where(DeadLetterRow.epoch == epoch)
+            if not include_uncommitted:
+                stmt = stmt.where(EpochRow.status == EpochStatus.COMMITTED.value)
+            return [
+                StoredDeadLetter(
+                    pipeline=r.pipeline,
+                    epoch=r.epoch,
+                    letter=DeadLetter(r.topic, r.partition, r.offset, r.reason, r.key, r.value),
+                    created_at=r.created_at,
+                )
+                for r in s.scalars(stmt).all()
+            ]
+
+    # ------------------------------------------------------------------------------------ coordinator
+
+    def commit_epoch(self, pipeline: str, number: int, committers: Mapping[str, SinkCommitter]) -> Epoch:
+        """Decide and commit an epoch through its sinks' committers; see `coordinator.commit_epoch`."""
+        from onceflow.ledger import coordinator
+
+        return coordinator.commit_epoch(self, pipeline, number, committers)
+
+    def abort_epoch(
+        self, pipeline: str, number: int, committers: Mapping[str, SinkCommitter], reason: str
+    ) -> Epoch:
+        """Abort an undecided epoch and roll back its staging; see `coordinator.abort_epoch`."""
+        from onceflow.ledger import coordinator
+
+        return coordinator.abort_epoch(self, pipeline, number, committers, reason)
+
+    def recover(self, pipeline: str, committers: Mapping[str, SinkCommitter]) -> RecoveryReport:
+        """Finish or roll back whatever a crash left behind, then sweep orphans; see `coordinator.recover`."""
+        from onceflow.ledger import coordinator
+
+        return coordinator.recover(self, pipeline, committers)
+
+
+__all__ = ["Ledger", "LedgerError", "staged_location"]

@@ -1,0 +1,86 @@
+"""What the ledger returns: immutable snapshots of its rows, safe to pass between processes and threads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from onceflow.ledger.models import EpochStatus, ParticipantStatus, SnapshotStatus
+from onceflow.offsets import OffsetRange
+from onceflow.sinks.base import Committable
+
+
+@dataclass(frozen=True)
+class Epoch:
+    pipeline: str
+    number: int
+    status: EpochStatus
+    attempt_token: str
+    ranges: tuple[OffsetRange, ...]
+    expected: tuple[tuple[str, str], ...]
+    planned_at: datetime
+    run_id: str | None = None
+    data_interval_start: datetime | None = None
+    data_interval_end: datetime | None = None
+    decided_at: datetime | None = None
+    finished_at: datetime | None = None
+    abort_reason: str | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.status.is_final
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        return tuple(sorted({sink for sink, _ in self.expected}))
+
+    def __str__(self) -> str:
+        return f"epoch {self.number} of pipeline {self.pipeline!r} ({self.status})"
+
+
+@dataclass(frozen=True)
+class Participant:
+    pipeline: str
+    epoch: int
+    sink: str
+    task: str
+    slice: int
+    attempt: str
+    status: ParticipantStatus
+    committable: Committable
+    staged_location: str | None
+    record_count: int
+    checksum: str
+    precommitted_at: datetime
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    id: int
+    pipeline: str
+    epoch: int
+    location: str
+    status: SnapshotStatus
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record that could not be processed, kept with its raw bytes and why."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    key: bytes | None = None
+    value: bytes | None = None
+
+
+@dataclass(frozen=True)
+class StoredDeadLetter:
+    pipeline: str
+    epoch: int
+    letter: DeadLetter
+    created_at: datetime

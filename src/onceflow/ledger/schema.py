@@ -1,0 +1,119 @@
+"""Connecting to the ledger database and keeping its schema at the revision this code expects.
+
+SQLite is opened in WAL mode with a busy timeout and every transaction starts with ``BEGIN IMMEDIATE``:
+several processes (DAG tasks, Spark executors, the CLI) share one file, and taking the write lock up front
+makes them queue instead of failing when a read transaction later tries to write.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError
+
+from onceflow.errors import ConfigError
+from onceflow.ledger.errors import SchemaMismatch
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def normalize_url(url: str) -> URL:
+    """Parse a ledger URL; plain ``postgresql://`` (or ``postgres://``) means the psycopg 3 driver."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"ONCEFLOW_LEDGER_URL={url!r}: not an SQLAlchemy URL ({exc})") from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise ConfigError(
+            f"ONCEFLOW_LEDGER_URL={url!r}: the ledger runs on sqlite or postgresql, not {backend}"
+        )
+    return parsed
+
+
+def make_engine(url: str) -> Engine:
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        return create_engine(parsed, pool_pre_ping=True)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN itself, instead of pysqlite's deferred BEGIN.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _alembic_config(connection: Connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    assert head is not None, "the ledger ships at least one migration"
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def check_schema(engine: Engine) -> None:
+    """Raise `SchemaMismatch` unless the database is at exactly the revision this code expects."""
+    where = engine.url.render_as_string(hide_password=True)
+    current = current_revision(engine)
+    head = head_revision()
+    if current == head:
+        return
+    if current is None:
+        raise SchemaMismatch(f"the ledger at {where} is not initialised, run `onceflow db upgrade`")
+    known = {script.revision for script in ScriptDirectory(str(MIGRATIONS)).walk_revisions()}
+    if current in known:
+        raise SchemaMismatch(
+            f"the ledger at {where} is at schema revision {current!r}, older than {head!r}: "
+            "run `onceflow db upgrade`"
+        )
+    raise SchemaMismatch(
+        f"the ledger at {where} is at schema revision {current!r}, which this onceflow does not know "
+        f"(it expects {head!r}): it was made by a newer onceflow; upgrade onceflow, then run "
+        "`onceflow db upgrade`"
+    )
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the schema to head (alembic upgrade head); a no-op when it is there already."""
+    with engine.begin() as conn:
+        try:
+            command.upgrade(_alembic_config(conn), "head")
+        except CommandError as exc:
+            raise SchemaMismatch(
+                f"cannot upgrade the ledger at {engine.url.render_as_string(hide_password=True)}: {exc} "
+                "(was it made by a newer onceflow?)"
+            ) from exc

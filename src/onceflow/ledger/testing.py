@@ -1,0 +1,102 @@
+"""An in-memory sink committer for tests of code that drives the ledger (not a real sink).
+
+It models what matters to the protocol: output is *staged* by a writer, becomes *visible* on commit and
+disappears on abort; committing or aborting twice is a no-op; aborting visible output and committing output
+that was rolled back are errors, as in a real sink. Every call is recorded. With ``path`` the state lives in a
+JSON file, so that another process (the console script, a racing worker) can use the same sink.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onceflow.sinks.base import Committable
+
+Key = tuple[str, int, str, str, str]
+
+
+def key_of(c: Committable) -> Key:
+    return (c.pipeline, c.epoch, c.sink, c.task, c.attempt)
+
+
+class StagedOutputGone(RuntimeError):
+    """commit() of output that was never staged or was rolled back."""
+
+
+class CommittedOutputAborted(RuntimeError):
+    """abort() of output that is already visible."""
+
+
+@dataclass
+class RecordingCommitter:
+    path: Path | None = None
+    require_staged: bool = True
+    staged: dict[Key, Committable] = field(default_factory=dict)
+    visible: dict[Key, Committable] = field(default_factory=dict)
+    calls: list[tuple[str, tuple[Key, ...]]] = field(default_factory=list)
+    # Number of upcoming commit() calls that raise before doing anything (a simulated crash).
+    fail_commits: int = 0
+
+    def _load(self) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        data = json.loads(self.path.read_text())
+        self.staged = {key_of(c): c for c in map(Committable.from_json, data["staged"])}
+        self.visible = {key_of(c): c for c in map(Committable.from_json, data["visible"])}
+        self.calls = [(op, tuple(tuple(k) for k in keys)) for op, keys in data["calls"]]
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        data = {
+            "staged": [c.to_json() for c in self.staged.values()],
+            "visible": [c.to_json() for c in self.visible.values()],
+            "calls": [[op, [list(k) for k in keys]] for op, keys in self.calls],
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.path)
+
+    def refresh(self) -> RecordingCommitter:
+        self._load()
+        return self
+
+    def stage(self, c: Committable) -> None:
+        """The writer's half: what a task's pre_commit() leaves behind."""
+        self._load()
+        self.staged[key_of(c)] = c
+        self._save()
+
+    def commit(self, committables: Sequence[Committable]) -> None:
+        self._load()
+        self.calls.append(("commit", tuple(key_of(c) for c in committables)))
+        if self.fail_commits > 0:
+            self.fail_commits -= 1
+            self._save()
+            raise ConnectionError("simulated crash before the sink committed")
+        for c in committables:
+            k = key_of(c)
+            if k in self.visible:
+                continue
+            if k not in self.staged and self.require_staged:
+                raise StagedOutputGone(f"cannot commit {k}: nothing staged (rolled back?)")
+            self.staged.pop(k, None)
+            self.visible[k] = c
+        self._save()
+
+    def abort(self, committables: Sequence[Committable]) -> None:
+        self._load()
+        self.calls.append(("abort", tuple(key_of(c) for c in committables)))
+        for c in committables:
+            k = key_of(c)
+            if k in self.visible:
+                raise CommittedOutputAborted(f"cannot abort {k}: already committed")
+            self.staged.pop(k, None)
+        self._save()
+
+    def orphans(self, pipeline: str) -> list[Committable]:
+        self._load()
+        return [c for k, c in self.staged.items() if k[0] == pipeline]
