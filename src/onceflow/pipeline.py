@@ -1,0 +1,431 @@
+"""The pipeline spec: what users write in Python, and what travels to spark-submit and into the ledger.
+
+Every field is checked when the spec is built, so a typo fails in the user's editor or at DAG parse time
+with a `ConfigError` naming the field, not halfway through an epoch. The spec is plain data: the transform
+is a dotted path (``module:function``) resolved only where it runs, so building a spec never imports
+PySpark, and `to_dict`/`from_dict` carry it as JSON to the Spark job and the ledger.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, TypeAlias, cast
+
+from onceflow.errors import ConfigError
+
+Guarantee: TypeAlias = Literal["exactly_once", "at_least_once", "at_most_once"]
+OnMissingOffsets: TypeAlias = Literal["fail", "skip"]
+Starting: TypeAlias = Literal["earliest", "latest"] | int
+
+GUARANTEES: tuple[str, ...] = ("exactly_once", "at_least_once", "at_most_once")
+ON_MISSING_OFFSETS: tuple[str, ...] = ("fail", "skip")
+# JSON field types a schema may declare; a trailing "?" makes the field nullable (null or absent).
+FIELD_TYPES: tuple[str, ...] = ("string", "int", "float", "bool")
+# Columns every decoded row carries, so sinks can deduplicate or trace a row back to its record.
+METADATA_COLUMNS: tuple[str, ...] = ("_topic", "_partition", "_offset", "_timestamp")
+# Reducers the state layer knows by name; anything else must be a ``module:function`` path.
+BUILTIN_REDUCERS: tuple[str, ...] = ("count", "sum", "min", "max", "last")
+
+SPEC_VERSION = 1
+
+# Names end up in Kafka transactional ids, PostgreSQL gids and Airflow dag ids, which all accept this.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+def _fail(where: str, value: object, expected: str) -> ConfigError:
+    return ConfigError(f"{where}={value!r}: {expected}")
+
+
+def _positive_int(where: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail(where, value, "expected an integer >= 1")
+    return value
+
+
+def _frozen_json(where: str, value: object) -> Mapping[str, Any]:
+    """A read-only deep copy of a JSON object, so that the spec can round-trip and never changes."""
+    if not isinstance(value, Mapping):
+        raise _fail(where, value, "expected a mapping")
+    try:
+        copied = json.loads(json.dumps(value, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: must be JSON-serializable ({exc})") from exc
+    return MappingProxyType(copied)
+
+
+def _check_dotted(where: str, value: object) -> str:
+    if not isinstance(value, str) or not _DOTTED.match(value):
+        raise _fail(where, value, "expected a dotted path 'package.module:attribute'")
+    return value
+
+
+def import_dotted(path: str) -> Any:
+    """Resolve ``package.module:attribute`` (attribute may itself be dotted), with a clear error."""
+    _check_dotted("path", path)
+    module_name, _, attr_path = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{path!r}: cannot import module {module_name!r} ({exc})") from exc
+    for attr in attr_path.split("."):
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError as exc:
+            raise ConfigError(f"{path!r}: {module_name!r} has no attribute {attr_path!r}") from exc
+    return obj
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """The topics a pipeline reads, and where a pipeline that has never committed starts.
+
+    ``starting`` applies to topics without any committed position: "earliest", "latest" or a timestamp in
+    ms (the first offset at or after it). Partitions added later to a topic that is already being read
+    start at their earliest offset, so that nothing written to them is skipped.
+    ``on_missing_offsets`` decides what happens when retention deleted offsets that the pipeline still
+    has to read: "fail" (default) stops the pipeline with `OffsetsLost`; "skip" resumes at the earliest
+    available offset and reports how many offsets were skipped.
+    """
+
+    topics: tuple[str, ...]
+    starting: Starting = "earliest"
+    on_missing_offsets: OnMissingOffsets = "fail"
+
+    def __post_init__(self) -> None:
+        topics = self.topics
+        if isinstance(topics, str) or not isinstance(topics, Iterable):
+            raise _fail("source.topics", topics, "expected a list of topic names")
+        topics = tuple(topics)
+        if not topics:
+            raise _fail("source.topics", list(topics), "expected at least one topic")
+        for topic in topics:
+            if not isinstance(topic, str) or not _TOPIC.match(topic):
+                raise _fail("source.topics", topic, "not a valid Kafka topic name ([A-Za-z0-9._-], 1-249)")
+        duplicates = sorted({t for t in topics if topics.count(t) > 1})
+        if duplicates:
+            raise _fail("source.topics", duplicates, "topics listed more than once")
+        object.__setattr__(self, "topics", topics)
+        starting = self.starting
+        if isinstance(starting, bool) or not (
+            starting in ("earliest", "latest") or (isinstance(starting, int) and starting >= 0)
+        ):
+            raise _fail(
+                "source.starting", starting, "expected 'earliest', 'latest' or a timestamp in ms >= 0"
+            )
+        if self.on_missing_offsets not in ON_MISSING_OFFSETS:
+            raise _fail(
+                "source.on_missing_offsets", self.on_missing_offsets, f"expected one of {ON_MISSING_OFFSETS}"
+            )
+
+
+@dataclass(frozen=True)
+class JsonFormat:
+    """Record values are JSON objects with a declared schema: {field: "string"|"int"|"float"|"bool"}.
+
+    A type ending in "?" is nullable (the field may be null or absent). Fields not in the schema are
+    dropped. ``key_field``, when set, is the row column that receives the record's key as UTF-8 text;
+    records without a key are then dead-lettered rather than given an empty key.
+    """
+
+    schema: Mapping[str, str] = field(hash=False)
+    key_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.schema, Mapping) or not self.schema:
+            raise _fail("format.schema", self.schema, "expected a non-empty mapping of field name to type")
+        for name, type_name in self.schema.items():
+            where = f"format.schema[{name!r}]"
+            if not isinstance(name, str) or not name:
+                raise _fail("format.schema", name, "field names must be non-empty strings")
+            if name in METADATA_COLUMNS:
+                raise _fail(where, type_name, f"field name is reserved for metadata {METADATA_COLUMNS}")
+            if not isinstance(type_name, str) or type_name.removesuffix("?") not in FIELD_TYPES:
+                raise _fail(where, type_name, f"expected one of {FIELD_TYPES}, optionally ending in '?'")
+        if self.key_field is not None:
+            if not isinstance(self.key_field, str) or not self.key_field:
+                raise _fail("format.key_field", self.key_field, "expected a non-empty column name")
+            if self.key_field in self.schema or self.key_field in METADATA_COLUMNS:
+                raise _fail("format.key_field", self.key_field, "collides with a schema or metadata column")
+        object.__setattr__(self, "schema", MappingProxyType(dict(self.schema)))
+
+    def field_type(self, name: str) -> tuple[str, bool]:
+        """(base type, nullable) of a schema field."""
+        declared = self.schema[name]
+        return declared.removesuffix("?"), declared.endswith("?")
+
+
+@dataclass(frozen=True)
+class RawFormat:
+    """Record keys and values are passed through as bytes (columns ``key`` and ``value``)."""
+
+
+RecordFormat: TypeAlias = JsonFormat | RawFormat
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Keyed state, declared: rows are grouped by ``keys`` and folded with ``reducer``.
+
+    ``reducer`` is one of `BUILTIN_REDUCERS` or a ``module:function`` path; ``column`` is the value it
+    folds (not needed for "count").
+    """
+
+    keys: tuple[str, ...]
+    reducer: str
+    column: str | None = None
+
+    def __post_init__(self) -> None:
+        keys = self.keys
+        if isinstance(keys, str) or not isinstance(keys, Iterable) or not tuple(keys):
+            raise _fail("state.keys", keys, "expected a non-empty list of column names")
+        keys = tuple(keys)
+        for key in keys:
+            if not isinstance(key, str) or not key:
+                raise _fail("state.keys", key, "expected column names")
+        if len(set(keys)) != len(keys):
+            raise _fail("state.keys", list(keys), "a key column is listed more than once")
+        object.__setattr__(self, "keys", keys)
+        if not isinstance(self.reducer, str) or (
+            self.reducer not in BUILTIN_REDUCERS and not _DOTTED.match(self.reducer)
+        ):
+            raise _fail(
+                "state.reducer", self.reducer, f"expected one of {BUILTIN_REDUCERS} or 'module:function'"
+            )
+        if self.column is None and self.reducer != "count":
+            raise _fail("state.column", None, f"reducer {self.reducer!r} needs the column it folds")
+        if self.column is not None and (not isinstance(self.column, str) or not self.column):
+            raise _fail("state.column", self.column, "expected a column name")
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """One output. ``kind`` selects the sink implementation; ``config`` is its JSON configuration."""
+
+    name: str
+    kind: str
+    config: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise _fail(
+                "sinks.name", self.name, "expected [A-Za-z0-9][A-Za-z0-9_.-]*, at most 100 characters"
+            )
+        if not isinstance(self.kind, str) or not _IDENT.match(self.kind):
+            raise _fail(f"sinks[{self.name!r}].kind", self.kind, "expected an identifier such as 'postgres'")
+        object.__setattr__(self, "config", _frozen_json(f"sinks[{self.name!r}].config", self.config))
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A complete pipeline: source, record format, transform, optional state, sinks and limits.
+
+    Limits: ``max_records_per_partition`` bounds an epoch's range per partition (in offsets),
+    ``max_records_per_task`` the span of one Spark read task, ``max_record_bytes`` the key plus value size
+    of one record (larger records are dead-lettered), ``transaction_timeout_s`` how long staged
+    transactions may stay open.
+    """
+
+    name: str
+    source: KafkaSource
+    format: RecordFormat
+    sinks: tuple[SinkSpec, ...]
+    transform: str | None = None
+    state: StateSpec | None = None
+    guarantee: Guarantee = "exactly_once"
+    slices: int = 1
+    max_records_per_partition: int = 100_000
+    max_records_per_task: int = 50_000
+    max_record_bytes: int = 1_048_576
+    transaction_timeout_s: int = 900
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise _fail("name", self.name, "expected [A-Za-z0-9][A-Za-z0-9_.-]*, at most 100 characters")
+        if not isinstance(self.source, KafkaSource):
+            raise _fail("source", self.source, "expected a KafkaSource")
+        if not isinstance(self.format, JsonFormat | RawFormat):
+            raise _fail("format", self.format, "expected JsonFormat(...) or RawFormat()")
+        sinks = self.sinks
+        if isinstance(sinks, SinkSpec) or not isinstance(sinks, Iterable):
+            raise _fail("sinks", sinks, "expected a list of SinkSpec")
+        sinks = tuple(sinks)
+        if not sinks:
+            raise _fail("sinks", [], "expected at least one sink")
+        for sink in sinks:
+            if not isinstance(sink, SinkSpec):
+                raise _fail("sinks", sink, "expected SinkSpec entries")
+        names = [s.name for s in sinks]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise _fail("sinks", duplicates, "duplicate sink names")
+        object.__setattr__(self, "sinks", sinks)
+        if self.transform is not None:
+            _check_dotted("transform", self.transform)
+        if self.state is not None and not isinstance(self.state, StateSpec):
+            raise _fail("state", self.state, "expected a StateSpec or None")
+        if self.guarantee not in GUARANTEES:
+            raise _fail("guarantee", self.guarantee, f"expected one of {GUARANTEES}")
+        for name in (
+            "slices",
+            "max_records_per_partition",
+            "max_records_per_task",
+            "max_record_bytes",
+            "transaction_timeout_s",
+        ):
+            _positive_int(name, getattr(self, name))
+
+    def sink(self, name: str) -> SinkSpec:
+        for sink in self.sinks:
+            if sink.name == name:
+                return sink
+        raise ConfigError(
+            f"pipeline {self.name!r} has no sink {name!r}; sinks: {[s.name for s in self.sinks]}"
+        )
+
+    def load_transform(self) -> Callable[[Any], Any]:
+        """The transform function (DataFrame -> DataFrame); the identity when none is declared."""
+        if self.transform is None:
+            return _identity
+        function = import_dotted(self.transform)
+        if not callable(function):
+            raise _fail("transform", self.transform, "does not name a callable")
+        return cast(Callable[[Any], Any], function)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-compatible description; `from_dict` rebuilds an equal spec."""
+        fmt: dict[str, Any]
+        if isinstance(self.format, JsonFormat):
+            fmt = {"type": "json", "schema": dict(self.format.schema), "key_field": self.format.key_field}
+        else:
+            fmt = {"type": "raw"}
+        state = None
+        if self.state is not None:
+            state = {
+                "keys": list(self.state.keys),
+                "reducer": self.state.reducer,
+                "column": self.state.column,
+            }
+        return {
+            "version": SPEC_VERSION,
+            "name": self.name,
+            "source": {
+                "topics": list(self.source.topics),
+                "starting": self.source.starting,
+                "on_missing_offsets": self.source.on_missing_offsets,
+            },
+            "format": fmt,
+            "sinks": [{"name": s.name, "kind": s.kind, "config": dict(s.config)} for s in self.sinks],
+            "transform": self.transform,
+            "state": state,
+            "guarantee": self.guarantee,
+            "slices": self.slices,
+            "max_records_per_partition": self.max_records_per_partition,
+            "max_records_per_task": self.max_records_per_task,
+            "max_record_bytes": self.max_record_bytes,
+            "transaction_timeout_s": self.transaction_timeout_s,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Pipeline:
+        """Rebuild a spec from `to_dict` output; unknown or missing keys are a `ConfigError`."""
+        if not isinstance(data, Mapping):
+            raise _fail("pipeline", data, "expected a mapping")
+        if data.get("version") != SPEC_VERSION:
+            raise _fail("version", data.get("version"), f"this onceflow reads spec version {SPEC_VERSION}")
+        _check_keys("pipeline", data, required={"name", "source", "format", "sinks"}, optional=_OPTIONAL_KEYS)
+        source = data["source"]
+        _check_keys("source", source, required={"topics"}, optional={"starting", "on_missing_offsets"})
+        fmt_data = data["format"]
+        _check_keys("format", fmt_data, required={"type"}, optional={"schema", "key_field"})
+        fmt: RecordFormat
+        if fmt_data["type"] == "json":
+            fmt = JsonFormat(schema=fmt_data.get("schema") or {}, key_field=fmt_data.get("key_field"))
+        elif fmt_data["type"] == "raw":
+            fmt = RawFormat()
+        else:
+            raise _fail("format.type", fmt_data["type"], "expected 'json' or 'raw'")
+        sinks_data = data["sinks"]
+        if not isinstance(sinks_data, list):
+            raise _fail("sinks", sinks_data, "expected a list")
+        sinks = []
+        for sink in sinks_data:
+            _check_keys("sinks[]", sink, required={"name", "kind"}, optional={"config"})
+            sinks.append(SinkSpec(name=sink["name"], kind=sink["kind"], config=sink.get("config") or {}))
+        state = None
+        if data.get("state") is not None:
+            state_data = data["state"]
+            _check_keys("state", state_data, required={"keys", "reducer"}, optional={"column"})
+            state = StateSpec(
+                keys=state_data["keys"], reducer=state_data["reducer"], column=state_data.get("column")
+            )
+        limits = {k: data[k] for k in _OPTIONAL_KEYS - {"version", "transform", "state"} if k in data}
+        return cls(
+            name=data["name"],
+            source=KafkaSource(
+                topics=source["topics"],
+                starting=source.get("starting", "earliest"),
+                on_missing_offsets=source.get("on_missing_offsets", "fail"),
+            ),
+            format=fmt,
+            sinks=tuple(sinks),
+            transform=data.get("transform"),
+            state=state,
+            **limits,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Pipeline:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"pipeline spec is not valid JSON ({exc})") from exc
+        return cls.from_dict(data)
+
+
+_OPTIONAL_KEYS = frozenset(
+    {
+        "version",
+        "transform",
+        "state",
+        "guarantee",
+        "slices",
+        "max_records_per_partition",
+        "max_records_per_task",
+        "max_record_bytes",
+        "transaction_timeout_s",
+    }
+)
+
+
+def _check_keys(where: str, data: object, *, required: set[str], optional: Iterable[str]) -> None:
+    if not isinstance(data, Mapping):
+        raise _fail(where, data, "expected a mapping")
+    missing = sorted(required - set(data))
+    if missing:
+        raise ConfigError(f"{where}: missing keys {missing}")
+    unknown = sorted(set(data) - required - set(optional))
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown}")
+
+
+def _identity(frame: Any) -> Any:
+    return frame
+
+
+def load_pipeline(path: str) -> Pipeline:
+    """The `Pipeline` at ``module:attribute``: how the Spark job and the DAGs find a user's pipeline."""
+    spec = import_dotted(path)
+    if not isinstance(spec, Pipeline):
+        raise ConfigError(f"{path!r}: expected a onceflow Pipeline, found {type(spec).__name__}")
+    return spec

@@ -1,0 +1,212 @@
+"""Raw Kafka records, and their decoding into rows or dead letters.
+
+Every input record yields exactly one row or exactly one `DeadLetter`: a record that cannot be decoded is
+kept, with its bytes and a reason, instead of disappearing from an epoch that claims to be exactly-once.
+Reasons are ``code: detail`` with a short stable code (see `DEAD_LETTER_CODES`) for filtering and counting,
+and a detail for the person who has to fix the producer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceflow.pipeline import JsonFormat, RecordFormat
+
+Row = dict[str, Any]
+
+DEAD_LETTER_CODES: tuple[str, ...] = (
+    "oversized",
+    "null_value",
+    "not_utf8",
+    "malformed_json",
+    "not_object",
+    "missing_field",
+    "wrong_type",
+    "missing_key",
+)
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    """A record as stored in Kafka. ``timestamp`` is in ms, None when the broker has none."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    @property
+    def size(self) -> int:
+        """Key plus value bytes: what ``max_record_bytes`` limits."""
+        return len(self.key or b"") + len(self.value or b"")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record that could not become a row, with the reason; its bytes are kept as they were."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None = field(repr=False)
+    reason: str
+
+    @property
+    def code(self) -> str:
+        return self.reason.partition(":")[0]
+
+
+@dataclass
+class DecodedBatch:
+    """The outcome of decoding a batch: ``len(rows) + len(dead_letters)`` equals the records read."""
+
+    rows: list[Row] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+class _Reject(Exception):
+    """Internal: carries a dead-letter reason out of the decoding steps."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.reason = f"{code}: {detail}"
+
+
+def decode_record(record: KafkaRecord, fmt: RecordFormat, max_record_bytes: int) -> Row | DeadLetter:
+    """One row (the format's columns plus `onceflow.pipeline.METADATA_COLUMNS`) or one dead letter."""
+    try:
+        if record.size > max_record_bytes:
+            raise _Reject("oversized", f"{record.size} bytes of key and value, limit {max_record_bytes}")
+        row: Row = (
+            _decode_json(record, fmt)
+            if isinstance(fmt, JsonFormat)
+            else {"key": record.key, "value": record.value}
+        )
+    except _Reject as rejected:
+        return DeadLetter(
+            record.topic, record.partition, record.offset, record.key, record.value, rejected.reason
+        )
+    row["_topic"] = record.topic
+    row["_partition"] = record.partition
+    row["_offset"] = record.offset
+    row["_timestamp"] = record.timestamp
+    return row
+
+
+def decode_records(records: Iterable[KafkaRecord], fmt: RecordFormat, max_record_bytes: int) -> DecodedBatch:
+    batch = DecodedBatch()
+    for record in records:
+        decoded = decode_record(record, fmt, max_record_bytes)
+        if isinstance(decoded, DeadLetter):
+            batch.dead_letters.append(decoded)
+        else:
+            batch.rows.append(decoded)
+    return batch
+
+
+def _decode_json(record: KafkaRecord, fmt: JsonFormat) -> Row:
+    if record.value is None:
+        raise _Reject("null_value", "record has no value (a tombstone?)")
+    text = _utf8(record.value, "value")
+    try:
+        document = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise _Reject("malformed_json", str(exc)) from exc
+    if not isinstance(document, dict):
+        raise _Reject("not_object", f"expected a JSON object, found {_json_type(document)}")
+    row: Row = {}
+    for name in fmt.schema:
+        expected, nullable = fmt.field_type(name)
+        if name not in document or document[name] is None:
+            if nullable:
+                row[name] = None
+                continue
+            if name not in document:
+                raise _Reject("missing_field", f"field {name!r} ({expected}) is missing")
+            raise _Reject("wrong_type", f"field {name!r}: expected {expected}, found null")
+        row[name] = _convert(name, document[name], expected)
+    if fmt.key_field is not None:
+        if record.key is None:
+            raise _Reject("missing_key", f"the format needs a key for column {fmt.key_field!r}")
+        row[fmt.key_field] = _utf8(record.key, "key")
+    return row
+
+
+def _utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Reject("not_utf8", f"{what}: {exc.reason} at byte {exc.start}") from exc
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _convert(name: str, value: Any, expected: str) -> Any:
+    found = _json_type(value)
+    if expected == "string" and found == "string":
+        return value
+    if expected == "int" and found == "int":
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise _Reject("wrong_type", f"field {name!r}: expected int, found {value} beyond 64 bits")
+        return value
+    if expected == "float" and found in ("int", "float"):
+        return float(value)
+    if expected == "bool" and found == "bool":
+        return value
+    raise _Reject("wrong_type", f"field {name!r}: expected {expected}, found {found}")
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def spark_schema(fmt: RecordFormat) -> Any:
+    """The Spark StructType of the rows `decode_record` yields for ``fmt`` (imports PySpark lazily)."""
+    from pyspark.sql import types as T
+
+    spark_types = {
+        "string": T.StringType(),
+        "int": T.LongType(),
+        "float": T.DoubleType(),
+        "bool": T.BooleanType(),
+    }
+    fields = []
+    if isinstance(fmt, JsonFormat):
+        for name in fmt.schema:
+            expected, nullable = fmt.field_type(name)
+            fields.append(T.StructField(name, spark_types[expected], nullable))
+        if fmt.key_field is not None:
+            fields.append(T.StructField(fmt.key_field, T.StringType(), False))
+    else:
+        fields += [T.StructField("key", T.BinaryType(), True), T.StructField("value", T.BinaryType(), True)]
+    fields += [
+        T.StructField("_topic", T.StringType(), False),
+        T.StructField("_partition", T.IntegerType(), False),
+        T.StructField("_offset", T.LongType(), False),
+        T.StructField("_timestamp", T.LongType(), True),
+    ]
+    return T.StructType(fields)

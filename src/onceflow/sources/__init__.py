@@ -1,0 +1,1 @@
+"""Kafka as a resettable source: plan an epoch's offset ranges, then read exactly those ranges."""

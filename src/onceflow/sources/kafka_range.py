@@ -1,0 +1,120 @@
+"""Read exactly the committed records of one partition's ``[from, until)``: the resettable source.
+
+Offsets bound the read, never a count: transaction markers and records of aborted transactions occupy
+offsets that a read_committed consumer never receives, so the reader stops when the consumer's *position*
+reaches ``until`` (the position moves past skipped offsets even when nothing is delivered). Replaying a
+range gives the same records, because everything below the last stable offset is decided for good.
+
+The consumer is assigned the partition directly (no group, nothing committed to Kafka): the ledger, not
+the consumer group, owns the positions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from onceflow.offsets import OffsetRange
+from onceflow.records import KafkaRecord
+from onceflow.sources.errors import OffsetsLost, RangeReadError, RangeReadTimeout, SkippedOffsets
+
+
+def read_range(
+    bootstrap: str,
+    offset_range: OffsetRange,
+    *,
+    batch_size: int = 500,
+    poll_timeout_s: float = 1.0,
+    stall_timeout_s: float = 60.0,
+    config: Mapping[str, Any] | None = None,
+) -> Iterator[KafkaRecord]:
+    """Yield the committed records with ``from_offset <= offset < until_offset``, in offset order.
+
+    Raises `RangeReadTimeout` when the position does not advance for ``stall_timeout_s`` seconds of
+    polling (time the caller spends between records does not count), and `OffsetsLost` when retention
+    deleted the start of the range.
+    """
+    if batch_size < 1 or poll_timeout_s <= 0 or stall_timeout_s <= 0:
+        raise ValueError("batch_size, poll_timeout_s and stall_timeout_s must be positive")
+    if offset_range.is_empty:
+        return
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "onceflow-range-reader",  # required by the client; no group is ever joined
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "error",  # a deleted start is an error, never a silent jump
+            "enable.partition.eof": True,
+            **(config or {}),
+        }
+    )
+    topic, partition, until = offset_range.topic, offset_range.partition, offset_range.until_offset
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset_range.from_offset)])
+        position = offset_range.from_offset
+        stalled_s = 0.0
+        while True:
+            started = time.monotonic()
+            messages = consumer.consume(num_messages=batch_size, timeout=poll_timeout_s)
+            polled_s = time.monotonic() - started
+            reached_end = False
+            delivered = False
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                        raise OffsetsLost((SkippedOffsets(topic, partition, position, low),))
+                    raise RangeReadError(f"reading {offset_range} failed at offset {position}: {error}")
+                offset = message.offset()
+                if offset is None:
+                    raise RangeReadError(f"reading {offset_range}: a record without an offset")
+                if offset >= until:
+                    reached_end = True
+                    break
+                delivered = True
+                yield _record(message)
+            current = _position(consumer, TopicPartition(topic, partition))
+            if reached_end or current >= until:
+                return
+            if current > position or delivered:
+                position = max(position, current)
+                stalled_s = 0.0
+            else:
+                stalled_s += polled_s
+                if stalled_s >= stall_timeout_s:
+                    raise RangeReadTimeout(
+                        f"reading {offset_range} from {bootstrap}: stuck at offset {position} for "
+                        f"{stalled_s:.0f}s (an open transaction below {until}, or the topic was recreated?)"
+                    )
+    finally:
+        consumer.close()
+
+
+def _position(consumer: Any, partition: Any) -> int:
+    """The consumer's next offset to deliver; negative (unknown) until the first fetch."""
+    positions = consumer.position([partition])
+    return int(positions[0].offset)
+
+
+def _record(message: Any) -> KafkaRecord:
+    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+    timestamp_type, timestamp = message.timestamp()
+    headers = message.headers() or []
+    return KafkaRecord(
+        topic=message.topic(),
+        partition=message.partition(),
+        offset=message.offset(),
+        timestamp=None if timestamp_type == TIMESTAMP_NOT_AVAILABLE else int(timestamp),
+        key=message.key(),
+        value=message.value(),
+        headers=tuple((str(name), value) for name, value in headers),
+    )
