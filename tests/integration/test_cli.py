@@ -1,0 +1,192 @@
+"""The real ``onceflow`` console script, run in a subprocess against an SQLite file ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from onceflow.config import Settings
+from onceflow.ledger import EpochStatus, Ledger
+from onceflow.ledger.testing import RecordingCommitter
+from onceflow.offsets import OffsetRange
+from onceflow.sinks.base import Committable
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+ONCEFLOW = Path(sys.executable).with_name("onceflow")
+SINK_DIR_VAR = "ONCEFLOW_TEST_SINK_DIR"
+P = "clicks"
+
+
+def fake_provider(pipeline: str, sink: str) -> RecordingCommitter:
+    """The committer provider the console script loads: one JSON-file sink per sink name."""
+    return RecordingCommitter(path=Path(os.environ[SINK_DIR_VAR]) / f"{sink}.json")
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    env = {
+        **os.environ,
+        "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.db'}",
+        "ONCEFLOW_COMMITTER_PROVIDER": f"{__name__}:fake_provider",
+        SINK_DIR_VAR: str(tmp_path),
+        "PYTHONPATH": str(ROOT),
+    }
+
+    def run(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(ONCEFLOW), *args],
+            env={**env, **extra_env},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    return run
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, cli: Callable[..., subprocess.CompletedProcess[str]]) -> Ledger:
+    done = cli("db", "upgrade")
+    assert done.returncode == 0, done.stderr
+    return Ledger.connect(f"sqlite:///{tmp_path / 'ledger.db'}")
+
+
+def sink(tmp_path: Path, name: str) -> RecordingCommitter:
+    return RecordingCommitter(path=tmp_path / f"{name}.json").refresh()
+
+
+def stage(tmp_path: Path, ledger: Ledger, epoch: int, token: str, name: str, task: str) -> Committable:
+    c = Committable(P, epoch, 0, task, "a0", name)
+    sink(tmp_path, name).stage(c)
+    ledger.register_precommit(c, token)
+    return c
+
+
+def test_uninitialised_ledger_says_to_run_db_upgrade(
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    before = cli("epochs", P)
+    assert before.returncode == 1
+    assert "not initialised, run `onceflow db upgrade`" in before.stderr
+    assert cli("db", "upgrade").returncode == 0
+    assert cli("db", "upgrade").returncode == 0
+    after = cli("epochs", P)
+    assert after.returncode == 0 and "has no epochs" in after.stdout
+
+
+def test_commit_is_refused_until_ready_then_idempotent_and_abort_is_refused(
+    tmp_path: Path, ledger: Ledger, cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    e = ledger.plan_epoch(P, [OffsetRange("in", 0, 0, 7)], [("db", "t0"), ("db", "t1")])
+    stage(tmp_path, ledger, 1, e.attempt_token, "db", "t0")
+    early = cli("commit", P, "1")
+    assert early.returncode == 3, early.stderr
+    assert "have not pre-committed (db/t1)" in early.stderr
+    stage(tmp_path, ledger, 1, e.attempt_token, "db", "t1")
+    for _ in range(2):
+        done = cli("commit", P, "1")
+        assert done.returncode == 0, done.stderr
+        assert "COMMITTED" in done.stdout
+    assert len(sink(tmp_path, "db").visible) == 2
+    refused = cli("abort", P, "1")
+    assert refused.returncode == 3
+    assert "cannot abort epoch 1 of pipeline 'clicks': it is COMMITTED" in refused.stderr
+    listed = cli("epochs", P, "--json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert row["status"] == "COMMITTED"
+    assert row["ranges"] == [{"topic": "in", "partition": 0, "from": 0, "until": 7}]
+    assert {(p["task"], p["status"]) for p in row["participants"]} == {
+        ("t0", "COMMITTED"),
+        ("t1", "COMMITTED"),
+    }
+    text = cli("epochs", P)
+    assert "COMMITTED" in text.stdout and "in[0]@[0,7)" in text.stdout
+
+
+def test_abort_is_idempotent_and_then_commit_is_refused(
+    tmp_path: Path, ledger: Ledger, cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    e = ledger.plan_epoch(P, [OffsetRange("in", 0, 0, 7)], [("db", "t0")])
+    stage(tmp_path, ledger, 1, e.attempt_token, "db", "t0")
+    for _ in range(2):
+        done = cli("abort", P, "1", "--reason", "bad deploy")
+        assert done.returncode == 0, done.stderr
+    assert ledger.epoch(P, 1).abort_reason == "bad deploy"
+    refused = cli("commit", P, "1")
+    assert refused.returncode == 3 and "it is ABORTED" in refused.stderr
+    db = sink(tmp_path, "db")
+    assert not db.staged and not db.visible
+    missing = cli("commit", P, "9")
+    assert missing.returncode == 1 and "has no epoch 9" in missing.stderr
+
+
+def test_recover_rolls_back_the_undecided_epoch_and_orphans(
+    tmp_path: Path, ledger: Ledger, cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    e = ledger.plan_epoch(P, [OffsetRange("in", 0, 0, 7)], [("db", "t0"), ("db", "t1")])
+    stage(tmp_path, ledger, 1, e.attempt_token, "db", "t0")
+    sink(tmp_path, "db").stage(Committable(P, 1, 0, "t1", "crashed", "db"))
+    done = cli("recover", P, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["epoch"], report["outcome"], report["participants_aborted"]) == (1, "aborted", 1)
+    assert [o["attempt"] for o in report["orphans_aborted"]] == ["crashed"]
+    assert ledger.epoch(P, 1).status is EpochStatus.ABORTED
+    assert not sink(tmp_path, "db").staged
+    again = cli("recover", P)
+    assert again.returncode == 0 and "nothing in flight" in again.stdout
+
+
+def test_ledger_url_flag_overrides_the_environment(
+    tmp_path: Path, ledger: Ledger, cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    ledger.plan_epoch(P, [], [])
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    elsewhere = f"sqlite:///{tmp_path / 'other' / 'nothing.db'}"
+    done = cli("--ledger-url", url, "epochs", P, "--json", ONCEFLOW_LEDGER_URL=elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert [row["status"] for row in json.loads(done.stdout)] == ["PLANNED"]
+
+
+def test_status_reports_position_epoch_in_flight_and_lag(
+    tmp_path: Path,
+    settings: Settings,
+    make_topic: Callable[..., str],
+    ledger: Ledger,
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    from confluent_kafka import Producer
+
+    topic = make_topic("cli-status", partitions=2)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for i in range(5):
+        producer.produce(topic, value=b"x", partition=0 if i < 4 else 1)
+    assert producer.flush(30) == 0
+    e1 = ledger.plan_epoch(P, [OffsetRange(topic, 0, 0, 3), OffsetRange(topic, 1, 0, 1)], [])
+    ledger.commit_epoch(P, e1.number, {})
+    ledger.plan_epoch(P, [OffsetRange(topic, 0, 3, 4)], [])
+
+    done = cli("status", P, "--json")
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["kafka"] == "ok"
+    assert [(p["partition"], p["committed"], p["high_watermark"], p["lag"]) for p in status["positions"]] == [
+        (0, 3, 4, 1),
+        (1, 1, 1, 0),
+    ]
+    assert (status["in_flight"]["epoch"], status["in_flight"]["status"]) == (2, "PLANNED")
+
+    down = cli("status", P, "--kafka-timeout", "1", ONCEFLOW_KAFKA_BOOTSTRAP="127.0.0.1:1")
+    assert down.returncode == 0, down.stderr
+    assert "Kafka unreachable" in down.stdout
+    assert f"{topic}[0] committed 3 lag ?" in down.stdout
