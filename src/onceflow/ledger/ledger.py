@@ -395,8 +395,8 @@ class Ledger:
         """Record that a task attempt staged its output durably (Flink's preCommit), if the ledger allows.
 
         Accepted only while the epoch is PLANNED, the token is current and (sink, task) is expected
-        (invariant 3). The first attempt of a (sink, task) wins; the same attempt again is a no-op; any
-        other attempt gets `LosingAttempt`. On any `PrecommitRefused` the caller aborts its own staging.
+        (invariant 3). The first attempt of a (sink, task) wins; the same attempt again is a no-op (also
+        once the epoch is decided); any other attempt gets `LosingAttempt`. On any `PrecommitRefused` the caller aborts its own staging.
         """
         c = committable
         what = f"pre-commit of sink {c.sink!r} task {c.task!r} attempt {c.attempt!r}"
@@ -404,6 +404,15 @@ class Ledger:
             try:
                 with self._tx() as s:
                     row = self._epoch_row(s, c.pipeline, c.epoch, lock="share")
+                    existing = s.get(ParticipantRow, (c.pipeline, c.epoch, c.sink, c.task))
+                    if (
+                        existing is not None
+                        and existing.attempt == c.attempt
+                        and row.status in (EpochStatus.COMMITTING, EpochStatus.COMMITTED)
+                    ):
+                        # The winner repeating itself after the decision: refusing would make it roll
+                        # back the very output the epoch is committing.
+                        return self._to_participant(existing)
                     self._check_fence(row, attempt_token, what)
                     expected = {(str(a), str(b)) for a, b in json.loads(row.expected_participants)}
                     if (c.sink, c.task) not in expected:
@@ -411,7 +420,6 @@ class Ledger:
                             f"{_where(c.pipeline, c.epoch)}: {what} refused, (sink, task) "
                             f"({c.sink!r}, {c.task!r}) is not an expected participant"
                         )
-                    existing = s.get(ParticipantRow, (c.pipeline, c.epoch, c.sink, c.task))
                     if existing is not None:
                         if existing.attempt == c.attempt:
                             return self._to_participant(existing)

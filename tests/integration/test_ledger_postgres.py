@@ -1,0 +1,43 @@
+"""The ledger on the stack's PostgreSQL: schema handling and the random-interleaving state machine."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from onceflow.ledger import EpochStatus, Ledger, SchemaMismatch
+from onceflow.offsets import OffsetRange
+from tests.unit.test_ledger_state_machine import run_machine
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def pg_ledger(pg_database: str) -> Ledger:
+    # A plain postgresql:// URL, as ONCEFLOW_PG_DSN is written, must work as a ledger URL.
+    ledger = Ledger.connect(pg_database, check=False)
+    ledger.upgrade()
+    return ledger
+
+
+def test_fresh_postgresql_database_needs_upgrade_then_works(pg_database: str) -> None:
+    with pytest.raises(SchemaMismatch, match="not initialised, run `onceflow db upgrade`"):
+        Ledger.connect(pg_database)
+    Ledger.connect(pg_database, check=False).upgrade()
+    with Ledger.connect(pg_database.replace("postgresql://", "postgresql+psycopg://", 1)) as ledger:
+        e = ledger.plan_epoch("p", [OffsetRange("in", 0, 0, 3)], [])
+        assert ledger.commit_epoch("p", e.number, {}).status is EpochStatus.COMMITTED
+        assert ledger.committed_offsets("p") == {("in", 0): 3}
+
+
+def test_postgresql_itself_refuses_a_second_open_epoch(pg_ledger: Ledger, pg_database: str) -> None:
+    pg_ledger.plan_epoch("p", [], [])
+    with psycopg.connect(pg_database) as conn, pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute(
+            "INSERT INTO epochs (pipeline, epoch, status, attempt_token, expected_participants, planned_at)"
+            " VALUES ('p', 2, 'COMMITTING', 'x', '[]', now())"
+        )
+
+
+def test_random_interleavings_keep_every_invariant_on_postgresql(pg_ledger: Ledger) -> None:
+    run_machine(pg_ledger, max_examples=12)
