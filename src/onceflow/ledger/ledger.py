@@ -396,7 +396,8 @@ class Ledger:
 
         Accepted only while the epoch is PLANNED, the token is current and (sink, task) is expected
         (invariant 3). The first attempt of a (sink, task) wins; the same attempt again is a no-op (also
-        once the epoch is decided); any other attempt gets `LosingAttempt`. On any `PrecommitRefused` the caller aborts its own staging.
+        once the epoch is decided); any other attempt gets `LosingAttempt`. On any `PrecommitRefused`
+        the caller aborts its own staging.
         """
         c = committable
         what = f"pre-commit of sink {c.sink!r} task {c.task!r} attempt {c.attempt!r}"
