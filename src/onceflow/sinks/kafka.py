@@ -55,7 +55,7 @@ class KafkaSinkConfig:
     topic: str
     staging_root: str
     bootstrap: str
-    transaction_timeout_ms: int = 60_000
+    transaction_timeout_ms: int = 900_000
     partition: int | None = None
     partitioner: str = "murmur2_random"
     group_id: str | None = None
@@ -74,7 +74,7 @@ class KafkaSinkConfig:
             topic=reader.string("topic"),
             staging_root=reader.path("staging_root"),
             bootstrap=bootstrap,
-            transaction_timeout_ms=reader.integer("transaction_timeout_ms", 60_000, minimum=1000),
+            transaction_timeout_ms=reader.integer("transaction_timeout_ms", 900_000, minimum=1000),
             partition=reader.optional_integer("partition"),
             partitioner=reader.string("partitioner", "murmur2_random"),
             group_id=reader.optional_string("group_id"),

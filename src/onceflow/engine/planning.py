@@ -1,0 +1,103 @@
+"""Plan step: decide epoch n's exact input and participants, and write them to the ledger first.
+
+Like Spark's offset log, the plan is durable before anything runs, so a crash anywhere after it is
+recovered by reading the ledger: the same ranges are either committed once or replayed by a later epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from onceflow.config import Settings
+from onceflow.engine.sinks import sink_config
+from onceflow.errors import ConfigError
+from onceflow.ledger import Epoch, Ledger
+from onceflow.offsets import OffsetRange
+from onceflow.pipeline import Pipeline
+from onceflow.sources.kafka_metadata import KafkaMetadata
+from onceflow.sources.kafka_planning import EpochPlan, SlicePlan, assign_slices
+
+
+@dataclass(frozen=True)
+class PlannedEpoch:
+    epoch: Epoch
+    plan: EpochPlan
+    slices: tuple[SlicePlan, ...]
+
+    def describe(self) -> list[str]:
+        """Human-readable lines: the epoch and each slice's ranges and read tasks."""
+        lines = [
+            f"epoch {self.epoch.number} of {self.epoch.pipeline!r}: {self.plan.span} offsets in "
+            f"{len(self.plan.ranges)} partitions, {len(self.epoch.expected)} participants"
+        ]
+        for s in self.slices:
+            ranges = ", ".join(str(r) for r in s.ranges) or "no partitions"
+            lines.append(f"  slice {s.slice}: {ranges}; {len(s.tasks)} read tasks")
+        if self.plan.skipped:
+            lines.append(f"  skipped (deleted by retention): {', '.join(str(s) for s in self.plan.skipped)}")
+        if self.plan.backlog:
+            lines.append(f"  left for later epochs: {self.plan.backlog} offsets")
+        return lines
+
+
+def slices_of(spec: Pipeline, ranges: tuple[OffsetRange, ...]) -> tuple[SlicePlan, ...]:
+    """Slices and read tasks of an epoch; a pure function of its ranges, so every process agrees."""
+    return assign_slices(ranges, spec.slices, spec.max_records_per_task)
+
+
+def expected_participants(spec: Pipeline, slices: tuple[SlicePlan, ...]) -> list[tuple[str, str]]:
+    """Every (sink, task) pair that must pre-commit before the epoch may be decided."""
+    return [(sink.name, task.task_id) for s in slices for task in s.tasks for sink in spec.sinks]
+
+
+def check_timeouts(spec: Pipeline) -> None:
+    """Refuse sink-side timeouts shorter than the pipeline's transaction timeout.
+
+    If Kafka aborts a transaction while the epoch is still allowed to commit, the commit finds nothing to
+    commit: that gap is how long outages turn into lost data. Staged files and prepared PostgreSQL
+    transactions have no timeout of their own: only the sweeper removes them, and only for final epochs.
+    """
+    from onceflow.sinks.kafka import KafkaSinkConfig, check_transaction_timeout
+
+    for sink in spec.sinks:
+        if sink.kind == "kafka":
+            try:
+                check_transaction_timeout(
+                    KafkaSinkConfig.from_mapping(sink_config(sink)), spec.transaction_timeout_s * 1000
+                )
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"sink {sink.name!r}: {exc}; Kafka would abort a staged epoch that the pipeline may "
+                    "still commit. Raise transaction_timeout_ms (up to the broker's "
+                    "transaction.max.timeout.ms) or lower the pipeline's transaction_timeout_s"
+                ) from exc
+
+
+def plan_epoch(
+    spec: Pipeline,
+    ledger: Ledger,
+    settings: Settings,
+    *,
+    run_id: str | None = None,
+    data_interval: tuple[datetime, datetime] | None = None,
+    max_records_per_partition: int | None = None,
+) -> PlannedEpoch:
+    """Plan the next epoch: Kafka positions -> ranges -> slices and tasks -> the ledger (durable)."""
+    check_timeouts(spec)
+    committed = ledger.committed_offsets(spec.name)
+    limit = max_records_per_partition or spec.max_records_per_partition
+    interval_end_ms = int(data_interval[1].timestamp() * 1000) if data_interval else None
+    with KafkaMetadata(settings.kafka_bootstrap) as metadata:
+        plan = metadata.plan(
+            spec.source, committed, max_records_per_partition=limit, interval_end_ms=interval_end_ms
+        )
+    slices = slices_of(spec, plan.ranges)
+    epoch = ledger.plan_epoch(
+        spec.name,
+        plan.ranges,
+        expected_participants(spec, slices),
+        run_id=run_id,
+        data_interval=data_interval,
+    )
+    return PlannedEpoch(epoch, plan, slices)

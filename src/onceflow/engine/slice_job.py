@@ -1,0 +1,175 @@
+"""The Spark driver of one slice of one epoch (what `spark_jobs/onceflow_process.py` runs).
+
+Steps:
+1. Read the epoch from the ledger; do nothing unless it is PLANNED with the given attempt token (a
+   retried or late job must not touch an epoch that has moved on).
+2. Recompute the slice's read tasks from the epoch's ranges (a pure function, so all processes agree).
+3. Executors read exactly those ranges and decode them; bad records go to the ledger as dead letters.
+4. Apply the pipeline's transform (DataFrame in, DataFrame or {sink: DataFrame} out).
+5. For each sink, write one output partition per read task; each task stages its output and reports
+   its pre-commit to the ledger, which accepts one attempt per (sink, task).
+6. Fail (non-zero exit) when any task was refused for a reason other than losing to another attempt,
+   so that the orchestrator aborts the epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from onceflow.config import Settings
+from onceflow.engine.planning import slices_of
+from onceflow.engine.task_io import EpochRef, TaskResult, read_tasks, write_task
+from onceflow.errors import OnceflowError
+from onceflow.ledger import EpochStatus, Ledger
+from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
+from onceflow.records import spark_schema
+
+
+class SliceFailed(OnceflowError):
+    """Some task of the slice was refused by the ledger; the epoch must be aborted and replayed."""
+
+
+def sink_columns(sink: SinkSpec) -> list[str] | None:
+    """The columns a sink accepts, when its configuration names them (rows must match exactly)."""
+    if sink.kind == "kafka":
+        return ["key", "value"]
+    columns = sink.config.get("columns")
+    if isinstance(columns, Mapping):
+        return list(columns)
+    if isinstance(columns, list):
+        return [c[0] if isinstance(c, list | tuple) else str(c) for c in columns]
+    return None
+
+
+def _log(message: str) -> None:
+    print(f"[onceflow slice] {message}", file=sys.stderr, flush=True)
+
+
+def run_slice(
+    spec: Pipeline, epoch_number: int, slice_number: int, attempt_token: str, settings: Settings
+) -> dict[str, Any]:
+    """Process one slice; returns a summary (records read, written per sink, dead letters, refusals)."""
+    from pyspark.sql import SparkSession
+
+    # 1. The epoch must still be PLANNED under this token.
+    ledger = Ledger.connect(settings.ledger_url)
+    try:
+        epoch = ledger.epoch(spec.name, epoch_number)
+    finally:
+        ledger.close()
+    if epoch.status != EpochStatus.PLANNED or epoch.attempt_token != attempt_token:
+        raise SliceFailed(
+            f"{epoch} is {epoch.status} with another attempt token than this job's; nothing was processed"
+            if epoch.attempt_token != attempt_token
+            else f"{epoch} is {epoch.status}; a slice job only runs for a PLANNED epoch"
+        )
+
+    # 2. The slice's read tasks.
+    plan = slices_of(spec, epoch.ranges)[slice_number]
+    tasks = list(plan.tasks)
+    _log(f"{epoch}: slice {slice_number} has {len(tasks)} read tasks over {len(plan.ranges)} partitions")
+    if not tasks:
+        return {"slice": slice_number, "tasks": 0, "results": []}
+    ref = EpochRef(
+        pipeline=spec,
+        epoch=epoch_number,
+        attempt_token=attempt_token,
+        slice=slice_number,
+        slice_ranges=plan.ranges,
+        bootstrap=settings.kafka_bootstrap,
+        ledger_url=settings.ledger_url,
+    )
+
+    spark = (
+        SparkSession.builder.appName(f"onceflow-{spec.name}-e{epoch_number}-s{slice_number}")
+        # Output partitions are participants: their number must not be changed by adaptive execution.
+        .config("spark.sql.adaptive.coalescePartitions.enabled", "false")
+        .getOrCreate()
+    )
+    try:
+        # 3. Exact reads, decoded on the executors.
+        schema = spark_schema(spec.format)
+        names = [f.name for f in schema.fields]
+        rows = spark.sparkContext.parallelize(tasks, len(tasks)).mapPartitions(
+            lambda part: read_tasks(ref, part, names)
+        )
+        frame = spark.createDataFrame(rows, schema)
+
+        # 4. The transform.
+        output = spec.load_transform()(frame)
+        outputs = output if isinstance(output, dict) else {sink.name: output for sink in spec.sinks}
+        if len({id(df) for df in outputs.values()}) > 1:
+            frame.persist()
+
+        # 5. One output partition per read task, for each sink.
+        results: list[TaskResult] = []
+        for sink in spec.sinks:
+            if sink.name not in outputs:
+                raise SliceFailed(f"the transform returned no DataFrame for sink {sink.name!r}")
+            results += _write_sink(ref, sink, outputs[sink.name], [t.task_id for t in tasks])
+    finally:
+        spark.stop()
+
+    # 6. Judge the outcome.
+    refused = [r for r in results if not r.accepted and r.reason != "another attempt already won"]
+    for r in results:
+        _log(
+            f"sink {r.sink} task {r.task}: {r.records} records, "
+            + ("pre-committed" if r.accepted else f"not accepted ({r.reason})")
+        )
+    if refused:
+        raise SliceFailed(
+            f"{len(refused)} tasks of slice {slice_number} were refused by the ledger: "
+            + "; ".join(f"{r.sink}/{r.task}: {r.reason}" for r in refused)
+        )
+    return {"slice": slice_number, "tasks": len(tasks), "results": [r.__dict__ for r in results]}
+
+
+def _write_sink(ref: EpochRef, sink: SinkSpec, frame: Any, task_ids: list[str]) -> list[TaskResult]:
+    from pyspark import TaskContext as SparkTaskContext
+
+    columns = sink_columns(sink)
+    if columns is not None:
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise SliceFailed(
+                f"sink {sink.name!r} needs columns {missing} that the transform's output "
+                f"({frame.columns}) does not have"
+            )
+        frame = frame.select(*columns)
+    if frame.rdd.getNumPartitions() != len(task_ids):
+        frame = frame.repartition(len(task_ids))
+
+    def write(index: int, part: Any) -> Any:
+        context = SparkTaskContext.get()
+        assert context is not None, "write() runs inside a Spark task"
+        attempt = f"{context.stageId()}.{context.partitionId()}.{context.taskAttemptId()}"
+        rows = (row.asDict() for row in part)
+        yield write_task(ref, sink, task_ids[index], attempt, rows)
+
+    return list(frame.rdd.mapPartitionsWithIndex(write).collect())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Process one slice of one onceflow epoch.")
+    parser.add_argument("--pipeline", required=True, help="the pipeline spec as module:attribute")
+    parser.add_argument("--epoch", type=int, required=True)
+    parser.add_argument("--slice", type=int, required=True)
+    parser.add_argument("--attempt-token", required=True)
+    args = parser.parse_args(argv)
+    spec = load_pipeline(args.pipeline)
+    try:
+        summary = run_slice(spec, args.epoch, args.slice, args.attempt_token, Settings.from_env())
+    except OnceflowError as exc:
+        _log(f"failed: {exc}")
+        return 1
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""What Spark executors run for a slice: exact reads with decoding, and sink writes with pre-commit.
+
+These functions are shipped to executors by Spark (cloudpickle); they import only the source reader,
+the decoder, sink writers and the ledger, never Airflow, and open their own connections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from onceflow.ledger import DeadLetter as LedgerDeadLetter
+from onceflow.ledger import Ledger, PrecommitRefused
+from onceflow.offsets import OffsetRange
+from onceflow.pipeline import Pipeline, SinkSpec
+from onceflow.records import DeadLetter, decode_record
+from onceflow.sinks.base import TaskContext
+from onceflow.sinks.errors import ConflictingAttempt
+from onceflow.sources.kafka_planning import ReadTask
+from onceflow.sources.kafka_range import read_range
+
+WRITE_BATCH = 2000
+
+
+@dataclass(frozen=True)
+class EpochRef:
+    """What every task of a slice needs to know about its epoch (small: it travels in each closure)."""
+
+    pipeline: Pipeline
+    epoch: int
+    attempt_token: str
+    slice: int
+    slice_ranges: tuple[OffsetRange, ...]
+    bootstrap: str
+    ledger_url: str
+
+
+def read_tasks(ref: EpochRef, tasks: Iterable[ReadTask], columns: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+    """Read each task's exact range, decode it, and keep bad records as dead letters in the ledger.
+
+    Yields rows as tuples in ``columns`` order. Dead letters are recorded before the task returns, fenced
+    by the epoch's attempt token, so a replay records them again only for a new epoch.
+    """
+    spec = ref.pipeline
+    for task in tasks:
+        dead: list[DeadLetter] = []
+        for record in read_range(ref.bootstrap, task.range):
+            decoded = decode_record(record, spec.format, spec.max_record_bytes)
+            if isinstance(decoded, DeadLetter):
+                dead.append(decoded)
+            else:
+                yield tuple(decoded.get(c) for c in columns)
+        if dead:
+            ledger = Ledger.connect(ref.ledger_url)
+            try:
+                ledger.add_dead_letters(
+                    spec.name,
+                    ref.epoch,
+                    [
+                        LedgerDeadLetter(d.topic, d.partition, d.offset, d.reason, d.key, d.value)
+                        for d in dead
+                    ],
+                    ref.attempt_token,
+                )
+            finally:
+                ledger.close()
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One output task's outcome for one sink, reported back to the driver."""
+
+    sink: str
+    task: str
+    attempt: str
+    records: int
+    accepted: bool
+    reason: str = ""
+
+
+def write_task(
+    ref: EpochRef, sink: SinkSpec, task_id: str, attempt: str, rows: Iterable[Mapping[str, Any]]
+) -> TaskResult:
+    """Stage one output task's rows in one sink and report the pre-commit to the ledger.
+
+    Exactly one attempt per (sink, task) is accepted. An attempt that finds a winner already registered
+    writes nothing; one that loses the race at pre-commit, or is fenced (the epoch was aborted or
+    re-planned), rolls back its own staging.
+    """
+    from onceflow.engine.sinks import writer_for
+
+    spec = ref.pipeline
+    ledger = Ledger.connect(ref.ledger_url)
+    try:
+        if _winner(ledger, spec.name, ref.epoch, sink.name, task_id) not in (None, attempt):
+            return TaskResult(sink.name, task_id, attempt, 0, False, "another attempt already won")
+        writer = writer_for(sink)
+        context = TaskContext(
+            pipeline=spec.name,
+            epoch=ref.epoch,
+            slice=ref.slice,
+            task=task_id,
+            attempt=attempt,
+            sink=sink.name,
+            inputs=ref.slice_ranges,
+        )
+        count = 0
+        try:
+            writer.begin(context)
+            batch: list[Mapping[str, Any]] = []
+            for row in rows:
+                batch.append(row)
+                if len(batch) >= WRITE_BATCH:
+                    writer.write(batch)
+                    count += len(batch)
+                    batch = []
+            if batch:
+                writer.write(batch)
+                count += len(batch)
+            committable = writer.pre_commit()
+        except ConflictingAttempt:
+            writer.abort()
+            if _winner(ledger, spec.name, ref.epoch, sink.name, task_id) is not None:
+                return TaskResult(sink.name, task_id, attempt, 0, False, "another attempt already won")
+            raise  # the other attempt has not reported yet: let Spark retry this task later
+        except BaseException:
+            writer.abort()
+            raise
+        try:
+            ledger.register_precommit(committable, ref.attempt_token)
+        except PrecommitRefused as refused:
+            writer.abort()
+            return TaskResult(sink.name, task_id, attempt, count, False, str(refused))
+        return TaskResult(sink.name, task_id, attempt, count, True)
+    finally:
+        ledger.close()
+
+
+def _winner(ledger: Ledger, pipeline: str, epoch: int, sink: str, task: str) -> str | None:
+    for participant in ledger.participants(pipeline, epoch):
+        if participant.sink == sink and participant.task == task:
+            return participant.attempt
+    return None

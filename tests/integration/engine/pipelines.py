@@ -1,0 +1,46 @@
+"""Pipelines for the engine tests, built from environment variables so that the spark-submit child
+process (which imports this module by its dotted path) sees the same unique topic and table names."""
+
+from __future__ import annotations
+
+import os
+
+from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+
+
+def orders_pipeline() -> Pipeline:
+    name = os.environ.get("ONCEFLOW_TEST_PIPELINE", "engine-test")
+    return Pipeline(
+        name=name,
+        source=KafkaSource(topics=(os.environ.get("ONCEFLOW_TEST_TOPIC", "engine-test"),)),
+        format=JsonFormat(schema={"id": "int", "amount": "float", "customer": "string"}),
+        transform="tests.integration.engine.pipelines:enrich",
+        sinks=(
+            SinkSpec(
+                "orders_pg",
+                "postgres_2pc",
+                {
+                    "table": os.environ.get("ONCEFLOW_TEST_TABLE", "engine_test_orders"),
+                    "columns": {"id": "bigint", "amount": "double precision", "customer": "text"},
+                },
+            ),
+            SinkSpec(
+                "orders_files",
+                "files",
+                {
+                    "root": os.environ.get("ONCEFLOW_TEST_FILES", "/tmp/onceflow-engine-test"),
+                    "table": "orders",
+                },
+            ),
+        ),
+        slices=2,
+        max_records_per_task=7,
+    )
+
+
+def enrich(frame):  # type: ignore[no-untyped-def]
+    """Keep positive amounts and the columns the sinks take."""
+    return frame.where(frame.amount > 0).select("id", "amount", "customer")
+
+
+ORDERS = orders_pipeline()
