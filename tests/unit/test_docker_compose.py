@@ -80,12 +80,12 @@ def test_kafka_and_postgres_settings_match_what_exactly_once_needs(compose) -> N
     command = " ".join(compose["services"]["postgres"]["command"])
     match = re.search(r"max_prepared_transactions=\$\{ONCEFLOW_PG_MAX_PREPARED:-(\d+)\}", command)
     assert match and int(match.group(1)) >= 64
-    assert f'ONCEFLOW_PG_MAX_PREPARED:-{match.group(1)}' in (ROOT / "infra" / "env.sh").read_text()
+    assert f"ONCEFLOW_PG_MAX_PREPARED:-{match.group(1)}" in (ROOT / "infra" / "env.sh").read_text()
 
 
 def test_default_ports_match_the_local_scripts(compose) -> None:
     env_sh = (ROOT / "infra" / "env.sh").read_text()
-    kafka_port = re.search(r'ONCEFLOW_KAFKA_PORT:-(\d+)', env_sh).group(1)
-    pg_port = re.search(r'ONCEFLOW_PG_PORT:-(\d+)', env_sh).group(1)
+    kafka_port = re.search(r"ONCEFLOW_KAFKA_PORT:-(\d+)", env_sh).group(1)
+    pg_port = re.search(r"ONCEFLOW_PG_PORT:-(\d+)", env_sh).group(1)
     assert f"${{ONCEFLOW_KAFKA_PORT:-{kafka_port}}}" in compose["services"]["kafka"]["ports"][0]
     assert compose["services"]["postgres"]["ports"][0].startswith(f"${{ONCEFLOW_PG_PORT:-{pg_port}}}")
