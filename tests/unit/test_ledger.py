@@ -340,7 +340,7 @@ def test_once_aborting_commit_is_refused_abort_is_idempotent_nothing_is_visible(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
-    ledger.add_dead_letters(P, 1, [DeadLetter("in", 0, 3, "bad json", b"k", b"{")], e.attempt_token)
+    ledger.add_dead_letters(P, 1, [DeadLetter("in", 0, 3, b"k", b"{", "bad json")], e.attempt_token)
     ledger.begin_abort(P, 1, "operator")
     with pytest.raises(IllegalTransition, match=r"it is ABORTING .*operator.*commit is refused"):
         ledger.commit_epoch(P, 1, sinks)
@@ -402,8 +402,8 @@ def test_dead_letters_are_kept_once_and_listed_with_their_committed_epoch(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), [])
     letters = [
-        DeadLetter("in", 0, 1, "not json", None, b"\xff"),
-        DeadLetter("in", 0, 4, "no id", b"k", b"{}"),
+        DeadLetter("in", 0, 1, None, b"\xff", "not json"),
+        DeadLetter("in", 0, 4, b"k", b"{}", "no id"),
     ]
     assert ledger.add_dead_letters(P, 1, letters, e.attempt_token) == 2
     assert ledger.add_dead_letters(P, 1, letters, e.attempt_token) == 0  # a retried task

@@ -10,7 +10,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onceflow.ledger import DeadLetter as LedgerDeadLetter
 from onceflow.ledger import Ledger, PrecommitRefused
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import Pipeline, SinkSpec
@@ -54,15 +53,7 @@ def read_tasks(ref: EpochRef, tasks: Iterable[ReadTask], columns: Sequence[str])
         if dead:
             ledger = Ledger.connect(ref.ledger_url)
             try:
-                ledger.add_dead_letters(
-                    spec.name,
-                    ref.epoch,
-                    [
-                        LedgerDeadLetter(d.topic, d.partition, d.offset, d.reason, d.key, d.value)
-                        for d in dead
-                    ],
-                    ref.attempt_token,
-                )
+                ledger.add_dead_letters(spec.name, ref.epoch, dead, ref.attempt_token)
             finally:
                 ledger.close()
 

@@ -30,7 +30,8 @@ from onceflow.ledger.errors import (
 )
 from onceflow.ledger.ledger import Ledger
 from onceflow.ledger.models import EpochStatus, ParticipantStatus, SnapshotStatus
-from onceflow.ledger.records import DeadLetter, Epoch, Participant, StateSnapshot, StoredDeadLetter
+from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter
+from onceflow.records import DeadLetter
 
 __all__ = [
     "CommitterProvider",

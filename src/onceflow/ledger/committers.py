@@ -10,7 +10,6 @@ The ledger knows sinks only by name. A `CommitterProvider` maps ``(pipeline, sin
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -31,19 +30,14 @@ def set_committer_provider(provider: CommitterProvider | None) -> None:
 
 
 def _resolve(path: str) -> CommitterProvider:
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"{ENV_VAR}={path!r}: expected package.module:callable")
+    from onceflow.pipeline import import_dotted
+
     try:
-        obj: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{ENV_VAR}={path!r}: cannot import {module_name!r} ({exc})") from exc
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{ENV_VAR}={path!r}: {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+        obj = import_dotted(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{ENV_VAR}: {exc}") from exc
     if not callable(obj):
-        raise ConfigError(f"{ENV_VAR}={path!r}: {attr!r} is not callable")
+        raise ConfigError(f"{ENV_VAR}={path!r}: not callable")
     provider: CommitterProvider = obj
     return provider
 

@@ -48,8 +48,9 @@ from onceflow.ledger.models import (
     StateSnapshotRow,
     utcnow,
 )
-from onceflow.ledger.records import DeadLetter, Epoch, Participant, StateSnapshot, StoredDeadLetter
+from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter
 from onceflow.offsets import OffsetRange
+from onceflow.records import DeadLetter
 from onceflow.sinks.base import Committable, SinkCommitter
 
 if TYPE_CHECKING:
@@ -768,7 +769,7 @@ class Ledger:
                 StoredDeadLetter(
                     pipeline=r.pipeline,
                     epoch=r.epoch,
-                    letter=DeadLetter(r.topic, r.partition, r.offset, r.reason, r.key, r.value),
+                    letter=DeadLetter(r.topic, r.partition, r.offset, r.key, r.value, r.reason),
                     created_at=r.created_at,
                 )
                 for r in s.scalars(stmt).all()

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from onceflow.ledger.models import EpochStatus, ParticipantStatus, SnapshotStatus
 from onceflow.offsets import OffsetRange
+from onceflow.records import DeadLetter
 from onceflow.sinks.base import Committable
 
 
@@ -64,18 +65,6 @@ class StateSnapshot:
     status: SnapshotStatus
     created_at: datetime
     updated_at: datetime
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """A record that could not be processed, kept with its raw bytes and why."""
-
-    topic: str
-    partition: int
-    offset: int
-    reason: str
-    key: bytes | None = None
-    value: bytes | None = None
 
 
 @dataclass(frozen=True)
