@@ -6,6 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.onceflow-installed
 PYTEST_ARGS ?=
+LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench)
 
 .PHONY: help venv jars services services-stop demo airflow-ui test lint unit clean
 
@@ -39,8 +40,8 @@ services-stop:
 
 lint: venv
 	@echo "[onceflow] ruff" >&2
-	@$(BIN)/ruff check src tests dags plugins spark_jobs examples bench
-	@$(BIN)/ruff format --check src tests dags plugins spark_jobs examples bench
+	@$(BIN)/ruff check $(LINT_PATHS)
+	@$(BIN)/ruff format --check $(LINT_PATHS)
 	@echo "[onceflow] mypy" >&2
 	@$(BIN)/mypy
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -188,8 +189,11 @@ def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | N
 
 
 def _committers(pipeline: str, sinks: Sequence[str]) -> dict[str, SinkCommitter]:
-    from onceflow.ledger.committers import committer_provider, committers_for
+    from onceflow.engine.sinks import PIPELINES_ENV, pipeline_committer
+    from onceflow.ledger.committers import ENV_VAR, committer_provider, committers_for
 
+    if os.environ.get(PIPELINES_ENV) and not os.environ.get(ENV_VAR):
+        return committers_for(pipeline_committer, pipeline, sinks)
     return committers_for(committer_provider(), pipeline, sinks)
 
 

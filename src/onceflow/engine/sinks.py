@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from onceflow.pipeline import Pipeline, SinkSpec
+from onceflow.errors import ConfigError
+from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
 from onceflow.sinks import build_committer, build_writer
 from onceflow.sinks.base import SinkCommitter, SinkWriter
 
@@ -20,3 +22,29 @@ def writer_for(sink: SinkSpec) -> SinkWriter:
 
 def committers_for(spec: Pipeline) -> dict[str, SinkCommitter]:
     return {sink.name: build_committer(sink.kind, sink_config(sink)) for sink in spec.sinks}
+
+
+PIPELINES_ENV = "ONCEFLOW_PIPELINES"
+
+
+def pipeline_committer(pipeline: str, sink: str) -> SinkCommitter:
+    """A `CommitterProvider` over the pipeline specs listed in ONCEFLOW_PIPELINES.
+
+    ONCEFLOW_PIPELINES is a comma-separated list of ``module:attribute`` specs; the CLI uses it to build
+    the committers of a pipeline's sinks for ``onceflow recover``, ``commit`` and ``abort``.
+    """
+    paths = [p.strip() for p in os.environ.get(PIPELINES_ENV, "").split(",") if p.strip()]
+    for path in paths:
+        spec = load_pipeline(path)
+        if spec.name != pipeline:
+            continue
+        for candidate in spec.sinks:
+            if candidate.name == sink:
+                return build_committer(candidate.kind, sink_config(candidate))
+        raise ConfigError(
+            f"pipeline {pipeline!r} has no sink {sink!r} (its sinks: {', '.join(x.name for x in spec.sinks)})"
+        )
+    raise ConfigError(
+        f"pipeline {pipeline!r} is not among the specs in {PIPELINES_ENV}={','.join(paths)!r}; "
+        "list its module:attribute there so that its sinks' committers can be built"
+    )

@@ -115,3 +115,27 @@ def test_two_epochs_deliver_each_good_record_once(stack, settings, pg_connect) -
     )
     assert prepared == 0
     ledger.close()
+
+
+def test_cli_commit_is_idempotent_and_abort_is_refused_after_commit(stack, settings) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], _orders(0, 10))
+    outcome = run_epoch(PIPELINE, Settings.from_env())
+    assert outcome.epoch.status == EpochStatus.COMMITTED
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "ONCEFLOW_PIPELINES": PIPELINE, "PYTHONPATH": root}
+    onceflow = str(Path(sys.executable).parent / "onceflow")
+    pipeline, number = stack["ONCEFLOW_TEST_PIPELINE"], str(outcome.epoch.number)
+
+    again = subprocess.run([onceflow, "commit", pipeline, number], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    refused = subprocess.run([onceflow, "abort", pipeline, number], env=env, capture_output=True, text=True)
+    assert refused.returncode == 3, refused.stderr
+    assert "COMMITTED" in refused.stderr or "committed" in refused.stderr
+    recovered = subprocess.run([onceflow, "recover", pipeline], env=env, capture_output=True, text=True)
+    assert recovered.returncode == 0, recovered.stderr
+    assert "nothing in flight" in recovered.stdout
