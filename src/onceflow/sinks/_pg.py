@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
 from onceflow.sinks._config import ConfigReader, default_pg_dsn
-from onceflow.sinks.base import Row
+from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import RowError
 
 if TYPE_CHECKING:
@@ -153,7 +153,11 @@ def insert_rows(conn: psycopg.Connection[Any], statement: sql.Composed, rows: li
 
 
 class DirectWriterBase:
-    """Shared by the sinks that write during ``write()`` (plain, upsert): one autocommit connection."""
+    """Shared by the sinks that write during ``write()`` (plain, upsert): one autocommit connection.
+
+    Subclasses implement ``write()``; there is nothing to stage, so ``pre_commit()`` only describes what
+    was written and ``abort()`` can only close the connection.
+    """
 
     kind = "direct"
 
@@ -194,3 +198,33 @@ class DirectWriterBase:
     def _close(self) -> None:
         if self._conn is not None and not self._conn.closed:
             self._conn.close()
+
+    def begin(self, task: TaskContext) -> None:
+        self._open(task)
+
+    def pre_commit(self) -> Committable:
+        from onceflow.sinks.errors import WriterStateError
+
+        if self._task is None:
+            raise WriterStateError(f"{self.kind} writer: pre_commit() needs begin() first")
+        self._close()
+        return Committable.for_task(
+            self._task, handle={}, record_count=self._digest.count, checksum=self._digest.hexdigest()
+        )
+
+    def abort(self) -> None:
+        """Rows already written stay: these sinks cannot take them back (see each sink's guarantee)."""
+        self._close()
+
+
+class NothingToCommit:
+    """The committer of a sink whose writes were final when made: commit, abort and sweep are no-ops."""
+
+    def commit(self, committables: Sequence[Committable]) -> None:
+        return None
+
+    def abort(self, committables: Sequence[Committable]) -> None:
+        return None
+
+    def orphans(self, pipeline: str) -> list[Committable]:
+        return []

@@ -15,7 +15,6 @@ has nothing to do. A pipeline with two Kafka sinks must give them distinct ``gro
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -25,15 +24,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
 from onceflow.sinks._config import ConfigReader, check_name
-from onceflow.sinks.base import Committable, Row, TaskContext
+from onceflow.sinks.base import Committable, Row
 from onceflow.sinks.errors import (
     RowError,
     SinkError,
     StagedOutputCorrupt,
     StagedOutputLost,
-    WriterStateError,
 )
-from onceflow.sinks.staging import StagingArea, fsync_dir, make_dirs_durable, sha256_file
+from onceflow.sinks.staging import StagedFileWriter, StagingArea, sha256_file
 
 if TYPE_CHECKING:
     from confluent_kafka import Producer
@@ -169,57 +167,33 @@ def slice_until_offsets(committables: Sequence[Committable]) -> dict[tuple[str, 
     return until
 
 
-class KafkaWriter:
+class KafkaWriter(StagedFileWriter):
     """Stages the task's records in a length-prefixed file; nothing reaches Kafka before commit."""
+
+    kind = KIND
+    file_name = RECORDS
 
     def __init__(self, config: KafkaSinkConfig | Mapping[str, Any]) -> None:
         self.config = _as_config(config)
-        self._area = StagingArea(Path(self.config.staging_root))
-        self._task: TaskContext | None = None
-        self._dir: Path | None = None
-        self._file: IO[bytes] | None = None
+        super().__init__(Path(self.config.staging_root))
         self._count = 0
-        self._done = False
-
-    def begin(self, task: TaskContext) -> None:
-        if self._task is not None:
-            raise WriterStateError(f"{KIND} writer: begin() called twice (for {task.txn_id})")
-        folder = self._area.for_task(task)
-        self._area.remove(folder)
-        make_dirs_durable(folder)
-        self._task, self._dir = task, folder
-        self._file = open(folder / RECORDS, "wb")  # noqa: SIM115 - closed in pre_commit or abort
 
     def write(self, rows: Iterable[Row]) -> None:
-        if self._file is None or self._done:
-            raise WriterStateError(f"{KIND} writer: write needs begin() first and no pre_commit()")
+        out = self._out()
         for row in rows:
-            self._file.write(encode_record(row))
+            out.write(encode_record(row))
             self._count += 1
 
     def pre_commit(self) -> Committable:
-        if self._file is None or self._task is None or self._dir is None or self._done:
-            raise WriterStateError(f"{KIND} writer: pre_commit needs begin() first and only once")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        fsync_dir(self._dir)
-        digest = sha256_file(self._dir / RECORDS)
-        committable = Committable.for_task(
-            self._task,
-            handle={"topic": self.config.topic, "file": RECORDS},
-            record_count=self._count,
-            checksum=digest,
+        task, folder = self._seal()
+        return self._publish(
+            Committable.for_task(
+                task,
+                handle={"topic": self.config.topic, "file": RECORDS},
+                record_count=self._count,
+                checksum=sha256_file(folder / RECORDS),
+            )
         )
-        self._area.write_manifest(self._dir, committable)
-        self._done = True
-        return committable
-
-    def abort(self) -> None:
-        if self._file is not None and not self._file.closed:
-            self._file.close()
-        if self._dir is not None:
-            self._area.remove(self._dir)
 
 
 class KafkaCommitter:

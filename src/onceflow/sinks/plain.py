@@ -6,14 +6,13 @@ is at-least-once by design (it fills the "plain sink" row of the consistency tab
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from onceflow.sinks._config import ConfigReader
-from onceflow.sinks._pg import DirectWriterBase, PgTableConfig, insert_rows, insert_statement
-from onceflow.sinks.base import Committable, Row, TaskContext
-from onceflow.sinks.errors import WriterStateError
+from onceflow.sinks._pg import DirectWriterBase, NothingToCommit, PgTableConfig, insert_rows, insert_statement
+from onceflow.sinks.base import Row
 
 KIND = "plain"
 
@@ -44,9 +43,6 @@ class PlainWriter(DirectWriterBase):
         self.config = _as_config(config)
         super().__init__(self.config.table)
 
-    def begin(self, task: TaskContext) -> None:
-        self._open(task)
-
     def write(self, rows: Iterable[Row]) -> None:
         values = self._values(rows)
         conn = self._conn
@@ -55,30 +51,9 @@ class PlainWriter(DirectWriterBase):
         for start in range(0, len(values), self.table.batch_size):
             insert_rows(conn, statement, values[start : start + self.table.batch_size])
 
-    def pre_commit(self) -> Committable:
-        if self._task is None:
-            raise WriterStateError(f"{KIND} writer: pre_commit() needs begin() first")
-        self._close()
-        return Committable.for_task(
-            self._task, handle={}, record_count=self._digest.count, checksum=self._digest.hexdigest()
-        )
 
-    def abort(self) -> None:
-        """Rows already inserted stay: a plain sink cannot take them back."""
-        self._close()
-
-
-class PlainCommitter:
+class PlainCommitter(NothingToCommit):
     """Nothing to do: the rows were visible as soon as they were written."""
 
     def __init__(self, config: PlainConfig | Mapping[str, Any]) -> None:
         self.config = _as_config(config)
-
-    def commit(self, committables: Sequence[Committable]) -> None:
-        return None
-
-    def abort(self, committables: Sequence[Committable]) -> None:
-        return None
-
-    def orphans(self, pipeline: str) -> list[Committable]:
-        return []

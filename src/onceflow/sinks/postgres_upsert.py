@@ -7,15 +7,14 @@ rows stay until its replay overwrites them. Commit and abort therefore have noth
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from onceflow.errors import ConfigError
 from onceflow.sinks._config import ConfigReader
-from onceflow.sinks._pg import DirectWriterBase, PgTableConfig, insert_rows, insert_statement
-from onceflow.sinks.base import Committable, Row, TaskContext
-from onceflow.sinks.errors import WriterStateError
+from onceflow.sinks._pg import DirectWriterBase, NothingToCommit, PgTableConfig, insert_rows, insert_statement
+from onceflow.sinks.base import Row
 
 KIND = "postgres_upsert"
 
@@ -65,9 +64,6 @@ class UpsertWriter(DirectWriterBase):
         self.config = _as_config(config)
         super().__init__(self.config.table, self.config.key_columns)
 
-    def begin(self, task: TaskContext) -> None:
-        self._open(task)
-
     def write(self, rows: Iterable[Row]) -> None:
         values = self._values(rows)
         conn = self._conn
@@ -78,30 +74,9 @@ class UpsertWriter(DirectWriterBase):
             batch = values[start : start + self.table.batch_size]
             insert_rows(conn, statement, collapse_by_key(batch, names, self.key_columns))
 
-    def pre_commit(self) -> Committable:
-        if self._task is None:
-            raise WriterStateError(f"{KIND} writer: pre_commit() needs begin() first")
-        self._close()
-        return Committable.for_task(
-            self._task, handle={}, record_count=self._digest.count, checksum=self._digest.hexdigest()
-        )
 
-    def abort(self) -> None:
-        """Upserted rows stay; the epoch's replay overwrites them with the same values."""
-        self._close()
-
-
-class UpsertCommitter:
+class UpsertCommitter(NothingToCommit):
     """Nothing to commit or abort: every write was already final and idempotent."""
 
     def __init__(self, config: UpsertConfig | Mapping[str, Any]) -> None:
         self.config = _as_config(config)
-
-    def commit(self, committables: Sequence[Committable]) -> None:
-        return None
-
-    def abort(self, committables: Sequence[Committable]) -> None:
-        return None
-
-    def orphans(self, pipeline: str) -> list[Committable]:
-        return []

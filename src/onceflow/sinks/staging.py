@@ -14,9 +14,11 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from onceflow.sinks._config import check_name
 from onceflow.sinks.base import Committable, TaskContext
+from onceflow.sinks.errors import WriterStateError
 
 MANIFEST = "manifest.json"
 STAGING = "_staging"
@@ -134,3 +136,57 @@ class StagingArea:
                     )
                 )
         return found
+
+
+class StagedFileWriter:
+    """Base of the writers that append a task's encoded rows to one staged file (Kafka, write-ahead log).
+
+    ``begin`` opens a fresh attempt folder, subclasses append through ``_out()``, and ``pre_commit``
+    calls ``_seal()`` (flush, fsync the file and its folder) then ``_publish()`` (the manifest, written
+    last, is what makes the attempt complete for the committer and the sweeper).
+    """
+
+    kind = "staged"
+    file_name = "data"
+
+    def __init__(self, root: Path) -> None:
+        self._area = StagingArea(root)
+        self._task: TaskContext | None = None
+        self._dir: Path | None = None
+        self._file: IO[bytes] | None = None
+        self._done = False
+
+    def begin(self, task: TaskContext) -> None:
+        if self._task is not None:
+            raise WriterStateError(f"{self.kind} writer: begin() called twice (for {task.txn_id})")
+        folder = self._area.for_task(task)
+        self._area.remove(folder)
+        make_dirs_durable(folder)
+        self._task, self._dir = task, folder
+        self._file = open(folder / self.file_name, "wb")  # noqa: SIM115 - closed in pre_commit or abort
+
+    def _out(self) -> IO[bytes]:
+        if self._file is None or self._done:
+            raise WriterStateError(f"{self.kind} writer: write needs begin() first and no pre_commit()")
+        return self._file
+
+    def _seal(self) -> tuple[TaskContext, Path]:
+        if self._file is None or self._task is None or self._dir is None or self._done:
+            raise WriterStateError(f"{self.kind} writer: pre_commit needs begin() first and only once")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        fsync_dir(self._dir)
+        return self._task, self._dir
+
+    def _publish(self, committable: Committable) -> Committable:
+        assert self._dir is not None
+        self._area.write_manifest(self._dir, committable)
+        self._done = True
+        return committable
+
+    def abort(self) -> None:
+        if self._file is not None and not self._file.closed:
+            self._file.close()
+        if self._dir is not None:
+            self._area.remove(self._dir)

@@ -10,11 +10,10 @@ None); PostgreSQL casts them to the column types on insert.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import (
@@ -25,9 +24,9 @@ from onceflow.sinks._pg import (
     insert_statement,
     row_values,
 )
-from onceflow.sinks.base import Committable, Row, TaskContext
-from onceflow.sinks.errors import RowError, StagedOutputCorrupt, StagedOutputLost, WriterStateError
-from onceflow.sinks.staging import StagingArea, fsync_dir, make_dirs_durable, sha256_file
+from onceflow.sinks.base import Committable, Row
+from onceflow.sinks.errors import RowError, StagedOutputCorrupt, StagedOutputLost
+from onceflow.sinks.staging import StagedFileWriter, StagingArea, sha256_file
 
 KIND = "wal"
 LOG = "rows.jsonl"
@@ -60,58 +59,35 @@ def encode_row(values: tuple[Any, ...], where: str) -> bytes:
         raise RowError(f"{where}: values must be JSON types (str, int, float, bool, None): {exc}") from exc
 
 
-class WalWriter:
+class WalWriter(StagedFileWriter):
     """Appends the task's rows to its log file; pre-commit fsyncs it and writes the manifest."""
+
+    kind = KIND
+    file_name = LOG
 
     def __init__(self, config: WalConfig | Mapping[str, Any]) -> None:
         self.config = _as_config(config)
-        self._area = StagingArea(Path(self.config.root))
-        self._task: TaskContext | None = None
-        self._dir: Path | None = None
-        self._file: IO[bytes] | None = None
+        super().__init__(Path(self.config.root))
         self._digest = RowDigest()
-        self._done = False
-
-    def begin(self, task: TaskContext) -> None:
-        if self._task is not None:
-            raise WriterStateError(f"{KIND} writer: begin() called twice (for {task.txn_id})")
-        folder = self._area.for_task(task)
-        self._area.remove(folder)
-        make_dirs_durable(folder)
-        self._task, self._dir = task, folder
-        self._file = open(folder / LOG, "wb")  # noqa: SIM115 - closed in pre_commit or abort
 
     def write(self, rows: Iterable[Row]) -> None:
-        if self._file is None or self._done:
-            raise WriterStateError(f"{KIND} writer: write needs begin() first and no pre_commit()")
+        out = self._out()
         where = f"{KIND} sink table {self.config.table.table}"
         for row in rows:
             values = row_values(row, self.config.table.column_names, where)
-            self._file.write(encode_row(values, where))
+            out.write(encode_row(values, where))
             self._digest.add(values)
 
     def pre_commit(self) -> Committable:
-        if self._file is None or self._task is None or self._dir is None or self._done:
-            raise WriterStateError(f"{KIND} writer: pre_commit needs begin() first and only once")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        fsync_dir(self._dir)
-        committable = Committable.for_task(
-            self._task,
-            handle={"file": LOG, "sha256": sha256_file(self._dir / LOG)},
-            record_count=self._digest.count,
-            checksum=self._digest.hexdigest(),
+        task, folder = self._seal()
+        return self._publish(
+            Committable.for_task(
+                task,
+                handle={"file": LOG, "sha256": sha256_file(folder / LOG)},
+                record_count=self._digest.count,
+                checksum=self._digest.hexdigest(),
+            )
         )
-        self._area.write_manifest(self._dir, committable)
-        self._done = True
-        return committable
-
-    def abort(self) -> None:
-        if self._file is not None and not self._file.closed:
-            self._file.close()
-        if self._dir is not None:
-            self._area.remove(self._dir)
 
 
 class WalCommitter:
