@@ -40,8 +40,8 @@ services-stop:
 
 lint: venv
 	@echo "[onceflow] ruff" >&2
-	@$(BIN)/ruff check $(LINT_PATHS)
-	@$(BIN)/ruff format --check $(LINT_PATHS)
+	@$(BIN)/ruff check --no-cache $(LINT_PATHS)
+	@$(BIN)/ruff format --no-cache --check $(LINT_PATHS)
 	@echo "[onceflow] mypy" >&2
 	@$(BIN)/mypy
 

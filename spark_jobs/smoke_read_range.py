@@ -10,11 +10,11 @@ import argparse
 import json
 from collections.abc import Iterator
 
-from onceflow.sources.kafka_range import read_range
 from pyspark.sql import SparkSession
 
 from onceflow.config import Settings
 from onceflow.offsets import OffsetRange
+from onceflow.sources.kafka_range import read_range
 
 
 def _read(bootstrap: str, ranges: Iterator[OffsetRange]) -> Iterator[tuple[int, str]]:
