@@ -588,27 +588,16 @@ class Ledger:
         The epoch's staged state snapshots are promoted in the same transaction, so that the source
         position and the state advance together and only with COMMITTED (invariant 7).
         """
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="update")
-            if row.status == EpochStatus.COMMITTED:
-                return self._to_epoch(s, row)
-            if row.status != EpochStatus.COMMITTING:
-                raise IllegalTransition(
-                    f"cannot finish committing {_where(pipeline, number)}: it is {row.status}, not COMMITTING"
-                )
-            pending = [
-                f"{p.sink}/{p.task}"
-                for p in self._participant_rows(s, pipeline, number)
-                if p.status != ParticipantStatus.COMMITTED
-            ]
-            if pending:
-                raise IllegalTransition(
-                    f"cannot finish committing {_where(pipeline, number)}: participants not committed yet "
-                    f"({', '.join(pending)}); commit them first (`onceflow commit {pipeline} {number}`)"
-                )
-            self._transition(s, row, EpochStatus.COMMITTING, EpochStatus.COMMITTED, finished_at=utcnow())
-            self._snapshots_to(s, pipeline, number, SnapshotStatus.COMMITTED)
-            return self._to_epoch(s, row)
+        return self._finish(
+            pipeline,
+            number,
+            EpochStatus.COMMITTING,
+            EpochStatus.COMMITTED,
+            ParticipantStatus.COMMITTED,
+            SnapshotStatus.COMMITTED,
+            "participants not committed yet ({}); commit them first "
+            f"(`onceflow commit {pipeline} {number}`)",
+        )
 
     def begin_abort(self, pipeline: str, number: int, reason: str) -> Epoch:
         """PLANNED -> ABORTING; idempotent once aborting; refused once decided (invariant 5)."""
@@ -628,26 +617,48 @@ class Ledger:
 
     def finish_abort(self, pipeline: str, number: int) -> Epoch:
         """ABORTING -> ABORTED once every participant is ABORTED; staged state is discarded with it."""
+        return self._finish(
+            pipeline,
+            number,
+            EpochStatus.ABORTING,
+            EpochStatus.ABORTED,
+            ParticipantStatus.ABORTED,
+            SnapshotStatus.DISCARDED,
+            "participants not rolled back yet ({})",
+        )
+
+    def _finish(
+        self,
+        pipeline: str,
+        number: int,
+        current: EpochStatus,
+        final: EpochStatus,
+        participants_must_be: ParticipantStatus,
+        snapshots_become: SnapshotStatus,
+        pending_message: str,
+    ) -> Epoch:
+        """The last compare-and-set of either outcome, once every participant has reached it."""
+        verb = "committing" if final is EpochStatus.COMMITTED else "aborting"
         with self._tx() as s:
             row = self._epoch_row(s, pipeline, number, lock="update")
-            if row.status == EpochStatus.ABORTED:
+            if row.status == final:
                 return self._to_epoch(s, row)
-            if row.status != EpochStatus.ABORTING:
+            if row.status != current:
                 raise IllegalTransition(
-                    f"cannot finish aborting {_where(pipeline, number)}: it is {row.status}, not ABORTING"
+                    f"cannot finish {verb} {_where(pipeline, number)}: it is {row.status}, not {current}"
                 )
             pending = [
                 f"{p.sink}/{p.task}"
                 for p in self._participant_rows(s, pipeline, number)
-                if p.status != ParticipantStatus.ABORTED
+                if p.status != participants_must_be
             ]
             if pending:
                 raise IllegalTransition(
-                    f"cannot finish aborting {_where(pipeline, number)}: participants not rolled back yet "
-                    f"({', '.join(pending)})"
+                    f"cannot finish {verb} {_where(pipeline, number)}: "
+                    + pending_message.format(", ".join(pending))
                 )
-            self._transition(s, row, EpochStatus.ABORTING, EpochStatus.ABORTED, finished_at=utcnow())
-            self._snapshots_to(s, pipeline, number, SnapshotStatus.DISCARDED)
+            self._transition(s, row, current, final, finished_at=utcnow())
+            self._snapshots_to(s, pipeline, number, snapshots_become)
             return self._to_epoch(s, row)
 
     # ------------------------------------------------------------------------ state and dead letters
