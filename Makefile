@@ -46,15 +46,15 @@ lint: venv
 	@$(BIN)/mypy
 
 demo: venv jars
-	@set -a; eval "$$(infra/services.sh start)"; set +a; \
+	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m onceflow.demo
 
 airflow-ui: venv jars
-	@set -a; eval "$$(infra/services.sh start)"; set +a; \
+	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m onceflow.local_airflow standalone
 
 test: lint jars
-	@set -a; eval "$$(infra/services.sh start)"; set +a; \
+	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  echo "[onceflow] running the test suite against the local stack" >&2; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 

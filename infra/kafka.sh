@@ -23,7 +23,8 @@ jars() {
   onceflow_say "resolving Kafka $ONCEFLOW_KAFKA_VERSION broker jars from Maven Central into $LIBS"
   rm -rf "$LIBS"; mkdir -p "$LIBS"
   mvn -q -B -Dstyle.color=never -f "$ONCEFLOW_ROOT/infra/kafka/pom.xml" dependency:copy-dependencies \
-    -Dkafka.version="$ONCEFLOW_KAFKA_VERSION" -DincludeScope=runtime -DoutputDirectory="$LIBS" >&2
+    -Dkafka.version="$ONCEFLOW_KAFKA_VERSION" -DincludeScope=runtime -DoutputDirectory="$LIBS" 2>&1 \
+    | sed 's/\x1b\[[0-9;]*m//g' >&2
   touch "$LIBS/.complete"
 }
 
