@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 
 import pytest
@@ -32,6 +33,8 @@ def stack(settings, make_topic, pg_connect, tmp_path, monkeypatch):
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    # The spec module reads these variables at import: make this process import it afresh too.
+    monkeypatch.delitem(sys.modules, PIPELINE.partition(":")[0], raising=False)
     ledger = Ledger.connect(env["ONCEFLOW_LEDGER_URL"], check=False)
     ledger.upgrade()
     ledger.close()
