@@ -8,7 +8,7 @@ up where the last run stopped (invariant 8: recovery never needs a human).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from onceflow.ledger.errors import MissingCommitter, SinkCallFailed
@@ -237,12 +237,8 @@ def _sweep(
         committer.abort([orphan])
     for orphan, committer in actions["commit"]:
         committer.commit([orphan])
-    return RecoveryReport(
-        pipeline=report.pipeline,
-        epoch=report.epoch,
-        outcome=report.outcome,
-        participants_committed=report.participants_committed,
-        participants_aborted=report.participants_aborted,
+    return replace(
+        report,
         orphans_aborted=tuple(c for c, _ in actions["abort"]),
         orphans_recommitted=tuple(c for c, _ in actions["commit"]),
         orphans_kept=tuple(c for c, _ in actions["keep"]),
