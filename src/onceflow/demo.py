@@ -15,6 +15,7 @@ from pathlib import Path
 
 from onceflow.config import Settings
 from onceflow.local_airflow import airflow_environment, migrate, run_airflow
+from onceflow.sources.kafka_metadata import KafkaMetadata
 
 TOPIC = "onceflow-demo-smoke"
 BATCHES = 10
@@ -35,13 +36,17 @@ def _ensure_topic(bootstrap: str) -> None:
         admin.create_topics([NewTopic(TOPIC, num_partitions=1, replication_factor=1)])[TOPIC].result(30)
 
 
+def _end_offset(bootstrap: str) -> int:
+    """The demo partition's last stable offset: where a read_committed reader's view ends."""
+    with KafkaMetadata(bootstrap) as metadata:
+        return metadata.partitions([TOPIC])[0].stable
+
+
 def _produce(bootstrap: str, run: str) -> tuple[int, list[str]]:
     """Append this run's batches; return the start offset and the values that were committed."""
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Producer
 
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "onceflow-demo-probe"})
-    _, start = probe.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=15)
-    probe.close()
+    start = _end_offset(bootstrap)
 
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"onceflow-demo-{run}"})
     producer.init_transactions(30)
@@ -71,11 +76,7 @@ def main() -> int:
     _ensure_topic(settings.kafka_bootstrap)
     start, committed = _produce(settings.kafka_bootstrap, run)
 
-    from confluent_kafka import Consumer, TopicPartition
-
-    probe = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "onceflow-demo-probe"})
-    _, until = probe.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=15)
-    probe.close()
+    until = _end_offset(settings.kafka_bootstrap)
 
     airflow_home = settings.home / "airflow"
     env = airflow_environment(settings, root, airflow_home)
