@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from onceflow.faults import crash_point
 from onceflow.ledger.errors import MissingCommitter, SinkCallFailed
 from onceflow.ledger.models import EpochStatus, ParticipantStatus
 from onceflow.ledger.records import Epoch, Participant
@@ -106,11 +107,14 @@ def commit_epoch(
     epoch = ledger.epoch(pipeline, number)
     _require(committers, epoch.sinks, epoch)
     # 2.
+    crash_point("before_decision")
     epoch = ledger.decide(pipeline, number)
     if epoch.status is EpochStatus.COMMITTED:
         return epoch
+    crash_point("after_decision")
     # 3.
     _commit_participants(ledger, epoch, committers)
+    crash_point("before_finish")
     # 4.
     return ledger.finish(pipeline, number)
 
@@ -118,7 +122,9 @@ def commit_epoch(
 def _commit_participants(ledger: Ledger, epoch: Epoch, committers: Mapping[str, SinkCommitter]) -> int:
     pending = _by_sink(ledger.participants(epoch.pipeline, epoch.number), ParticipantStatus.PRECOMMITTED)
     done = 0
-    for sink, committables in sorted(pending.items()):
+    for i, (sink, committables) in enumerate(sorted(pending.items())):
+        if i:
+            crash_point("between_commits")
         _call(epoch, sink, "commit", committers[sink].commit, committables)
         done += ledger.mark_committed(epoch.pipeline, epoch.number, sink)
     return done
@@ -141,6 +147,7 @@ def abort_epoch(
     epoch = ledger.begin_abort(pipeline, number, reason)
     if epoch.status is EpochStatus.ABORTED:
         return epoch
+    crash_point("during_abort")
     # 3.
     _abort_participants(ledger, epoch, committers)
     # 4.
@@ -195,6 +202,7 @@ def recover(ledger: Ledger, pipeline: str, committers: Mapping[str, SinkCommitte
         # 2.
         _require(committers, epoch.sinks, epoch)
         committed = _commit_participants(ledger, epoch, committers)
+        crash_point("during_recover")
         ledger.finish(pipeline, epoch.number)
         report = RecoveryReport(pipeline, epoch.number, "committed", participants_committed=committed)
     elif epoch is not None:
@@ -202,6 +210,7 @@ def recover(ledger: Ledger, pipeline: str, committers: Mapping[str, SinkCommitte
         _require(committers, sorted({p.sink for p in ledger.participants(pipeline, epoch.number)}), epoch)
         ledger.begin_abort(pipeline, epoch.number, "recovery: the epoch was not decided before a crash")
         aborted = _abort_participants(ledger, epoch, committers)
+        crash_point("during_recover")
         ledger.finish_abort(pipeline, epoch.number)
         report = RecoveryReport(pipeline, epoch.number, "aborted", participants_aborted=aborted)
     # 4.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
+from onceflow.faults import crash_point
 from onceflow.sinks._config import ConfigReader, check_name
 from onceflow.sinks.base import Committable, Row
 from onceflow.sinks.errors import (
@@ -200,7 +201,7 @@ class KafkaCommitter:
     """Publishes each slice in one Kafka transaction that also commits the slice's input offsets.
 
     ``crash_hook`` is called with a step name ("kafka.produced", "kafka.offsets_sent",
-    "kafka.committed") so that fault-injection tests can stop the process at a known point.
+    "kafka.committed"); by default it is `onceflow.faults.crash_point`, inert unless a fault test arms it.
     """
 
     def __init__(
@@ -210,7 +211,7 @@ class KafkaCommitter:
     ) -> None:
         self.config = _as_config(config)
         self._area = StagingArea(Path(self.config.staging_root))
-        self._hook = crash_hook or (lambda step: None)
+        self._hook = crash_hook or crash_point
 
     def commit(self, committables: Sequence[Committable]) -> None:
         """For each slice: 1. fence earlier producers of the slice (``init_transactions``), 2. if the

@@ -1,0 +1,93 @@
+"""Named crash points: fault-injection tests SIGKILL the real process at a known step of the protocol.
+
+Every point is inert unless ``ONCEFLOW_CRASH_AT`` names it, and production never sets that variable.
+A crash is a real ``SIGKILL`` of the calling process (the coordinator, the Spark driver or a Spark
+Python worker), so nothing in the process gets to clean up: exactly what a power cut or an OOM kill does.
+
+Variables (all optional except the first):
+
+* ``ONCEFLOW_CRASH_AT``: comma-separated point names, from `POINTS`; an unknown name is a `ConfigError`,
+  so a typo cannot make a fault test pass without a fault;
+* ``ONCEFLOW_CRASH_STATE``: a folder shared by every process of the run. With it, hits are counted across
+  processes and only hit number ``ONCEFLOW_CRASH_SKIP + 1`` crashes, once: a retried Spark task or the
+  recovery that follows then runs through. A file ``crashed-{point}`` there records that the crash
+  happened, which tests assert;
+* ``ONCEFLOW_CRASH_SKIP``: how many hits to let pass first (default 0).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from onceflow.errors import ConfigError
+
+CRASH_AT_ENV = "ONCEFLOW_CRASH_AT"
+CRASH_STATE_ENV = "ONCEFLOW_CRASH_STATE"
+CRASH_SKIP_ENV = "ONCEFLOW_CRASH_SKIP"
+
+POINTS: dict[str, str] = {
+    "after_plan": "the epoch's ranges are in the ledger; no Spark job has started",
+    "task_mid_read": "a Spark task has read half of its range (Python worker)",
+    "task_after_stage": "a Spark task staged its output but has not reported its pre-commit",
+    "task_after_precommit": "a Spark task's pre-commit is in the ledger (Python worker)",
+    "slice_after_precommits": "every task of the slice pre-committed; the driver has not exited",
+    "before_decision": "the coordinator is about to decide",
+    "after_decision": "the decision to commit is durable; no participant is committed",
+    "between_commits": "one sink's participants are committed, the next sink's are not",
+    "before_finish": "every participant is committed; the epoch is not marked COMMITTED",
+    "during_abort": "the abort began; participants are not rolled back yet",
+    "during_recover": "recovery found the epoch in flight and has not finished it",
+    "kafka.produced": "the Kafka sink produced the staged records inside its open transaction",
+    "kafka.offsets_sent": "the Kafka sink added the input offsets to its open transaction",
+    "kafka.committed": "the Kafka sink's transaction is committed; its staging is not deleted",
+}
+
+
+def armed() -> list[str]:
+    """The points ``ONCEFLOW_CRASH_AT`` arms, checked against `POINTS`."""
+    names = [n.strip() for n in os.environ.get(CRASH_AT_ENV, "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in POINTS]
+    if unknown:
+        raise ConfigError(f"{CRASH_AT_ENV}: unknown crash points {unknown}; known: {', '.join(POINTS)}")
+    return names
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process if ``name`` is armed (and, with a state folder, if this is the chosen hit)."""
+    if not os.environ.get(CRASH_AT_ENV):
+        return
+    if name not in POINTS:
+        raise ValueError(f"crash_point({name!r}) is not declared in onceflow.faults.POINTS")
+    if name not in armed():
+        return
+    state = os.environ.get(CRASH_STATE_ENV)
+    if state:
+        folder = Path(state)
+        skip = int(os.environ.get(CRASH_SKIP_ENV, "0") or 0)
+        if _claim_hit(folder, name) != skip + 1:
+            return
+        (folder / f"crashed-{name}").write_text(f"{os.getpid()}\n")
+    print(f"[onceflow] crash point {name!r}: SIGKILL of pid {os.getpid()}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crashed(state: str | os.PathLike[str], name: str) -> bool:
+    """Whether a run with ``ONCEFLOW_CRASH_STATE=state`` really crashed at ``name``."""
+    return (Path(state) / f"crashed-{name}").exists()
+
+
+def _claim_hit(folder: Path, name: str) -> int:
+    """The number of this hit of ``name`` across every process sharing ``folder`` (1, 2, ...)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    number = 1
+    while True:
+        try:
+            fd = os.open(folder / f"hit-{name}-{number}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            number += 1
+            continue
+        os.close(fd)
+        return number
