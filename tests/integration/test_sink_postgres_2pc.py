@@ -115,15 +115,41 @@ def test_orphans_are_found_by_pipeline_and_rolled_back(config: dict[str, Any], p
     assert ids_in(config["dsn"]) == []
 
 
-def test_second_attempt_of_a_prepared_task_is_refused(config: dict[str, Any], pipeline: str) -> None:
+def test_attempts_of_one_task_stage_side_by_side_and_only_one_can_commit(
+    config: dict[str, Any], pipeline: str
+) -> None:
     first = stage(config, task(pipeline, attempt="a1"), [1])
-    writer = PostgresTwoPhaseWriter({**config, "lock_timeout_ms": 50})
-    with pytest.raises(ConflictingAttempt):
-        writer.begin(task(pipeline, attempt="a2"))
-    PostgresTwoPhaseCommitter(config).commit([first])
-    with pytest.raises(ConflictingAttempt):
-        PostgresTwoPhaseWriter(config).begin(task(pipeline, attempt="a3"))
+    # A retry (or speculative copy) is not blocked by the prepared first attempt, whose process may be dead.
+    second = stage(config, task(pipeline, attempt="a2"), [2])
+    committer = PostgresTwoPhaseCommitter(config)
+    committer.commit([first])
+    committer.commit([first])  # idempotent
+    with pytest.raises(ConflictingAttempt, match="attempt 'a1' of task s0-t0 is committed"):
+        committer.commit([second])
+    committer.abort([second])
+    assert committer.orphans(pipeline) == []
     assert ids_in(config["dsn"]) == [1]
+    with pytest.raises(ConflictingAttempt, match="this attempt"):
+        PostgresTwoPhaseWriter(config).begin(task(pipeline, attempt="a1"))
+
+
+def test_a_marker_table_keyed_per_task_is_widened_to_one_marker_per_attempt(
+    config: dict[str, Any], pipeline: str
+) -> None:
+    import psycopg
+
+    with psycopg.connect(config["dsn"], autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS onceflow_markers")
+        conn.execute(
+            "CREATE TABLE onceflow_markers (pipeline text NOT NULL, epoch bigint NOT NULL,"
+            " sink text NOT NULL, task text NOT NULL, attempt text NOT NULL, record_count bigint NOT NULL,"
+            " committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, epoch, sink, task))"
+        )
+    first = stage(config, task(pipeline, attempt="a1"), [1])
+    second = stage(config, task(pipeline, attempt="a2"), [2])
+    PostgresTwoPhaseCommitter(config).commit([second])
+    PostgresTwoPhaseCommitter(config).abort([first])
+    assert ids_in(config["dsn"]) == [2]
 
 
 def test_a_row_with_an_unknown_column_fails_and_abort_discards_the_attempt(

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 KIND = "postgres_2pc"
 GID_PREFIX = "onceflow:"
 GID_MAX_BYTES = 199
-_MARKER_KEY = "pipeline = %s AND epoch = %s AND sink = %s AND task = %s"
+_TASK_KEY = "pipeline = %s AND epoch = %s AND sink = %s AND task = %s"
+_MARKER_KEY = _TASK_KEY + " AND attempt = %s"
 
 
 @dataclass(frozen=True)
@@ -114,24 +115,40 @@ def _as_config(config: PostgresTwoPhaseConfig | Mapping[str, Any]) -> PostgresTw
 
 
 def ensure_marker_table(conn: psycopg.Connection[Any], marker_table: str) -> None:
+    """Create the marker table; one marker per task attempt, so that attempts never block each other."""
     from psycopg import sql
 
+    table = table_identifier(marker_table)
     run_ddl(
         conn,
         sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (pipeline text NOT NULL, epoch bigint NOT NULL,"
             " sink text NOT NULL, task text NOT NULL, attempt text NOT NULL, record_count bigint NOT NULL,"
-            " committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, epoch, sink, task))"
-        ).format(table_identifier(marker_table)),
+            " committed_at timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (pipeline, epoch, sink, task, attempt))"
+        ).format(table),
     )
+    old_key = conn.execute(
+        "SELECT c.conname FROM pg_constraint c WHERE c.conrelid = to_regclass(%s) AND c.contype = 'p'"
+        " AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.conrelid"
+        " AND a.attnum = ANY(c.conkey) AND a.attname = 'attempt')",
+        [marker_table],
+    ).fetchone()
+    if old_key is not None:  # a table from before attempts had a marker each: widen its key
+        run_ddl(
+            conn,
+            sql.SQL(
+                "ALTER TABLE {} DROP CONSTRAINT {}, ADD PRIMARY KEY (pipeline, epoch, sink, task, attempt)"
+            ).format(table, sql.Identifier(old_key[0])),
+        )
 
 
 class PostgresTwoPhaseWriter:
     """One connection per task attempt; the rows go in with COPY, the marker row first.
 
-    The marker is inserted first with a lock timeout: if another attempt of the same task has prepared
-    (or committed) its marker, this attempt fails fast with `ConflictingAttempt` instead of waiting for
-    the coordinator or doing the work for nothing.
+    Every attempt has its own marker, so a retried or speculative attempt stages its rows even while an
+    earlier attempt of the task is prepared (perhaps by a process that died): the ledger accepts one of
+    them and the others are rolled back. Only the same attempt id twice conflicts (`ConflictingAttempt`).
     """
 
     def __init__(self, config: PostgresTwoPhaseConfig | Mapping[str, Any]) -> None:
@@ -167,7 +184,7 @@ class PostgresTwoPhaseWriter:
         except (errors.UniqueViolation, errors.LockNotAvailable) as exc:
             self.abort()
             raise ConflictingAttempt(
-                f"{task.txn_id}: another attempt of task {task.task} already prepared or committed its output"
+                f"{task.txn_id}: this attempt of task {task.task} already prepared or committed its output"
             ) from exc
         conn.execute("SET LOCAL lock_timeout TO DEFAULT")
 
@@ -199,7 +216,7 @@ class PostgresTwoPhaseWriter:
             sql.SQL("UPDATE {} SET record_count = %s WHERE " + _MARKER_KEY).format(
                 table_identifier(self.config.marker_table)
             ),
-            [self._digest.count, task.pipeline, task.epoch, task.sink, task.task],
+            [self._digest.count, task.pipeline, task.epoch, task.sink, task.task, task.attempt],
         )
         conn.tpc_prepare()
         self._prepared = True
@@ -244,7 +261,7 @@ class PostgresTwoPhaseCommitter:
         if exists is None or exists[0] is None:
             return None
         row = conn.execute(
-            sql.SQL("SELECT attempt FROM {} WHERE " + _MARKER_KEY).format(
+            sql.SQL("SELECT attempt FROM {} WHERE " + _TASK_KEY).format(
                 table_identifier(self.config.marker_table)
             ),
             [c.pipeline, c.epoch, c.sink, c.task],
@@ -262,15 +279,19 @@ class PostgresTwoPhaseCommitter:
         return True
 
     def commit(self, committables: Sequence[Committable]) -> None:
-        """Commit each prepared transaction; a gid already gone must have left this attempt's marker."""
+        """Commit each prepared transaction, unless a committed marker shows it (or a rival) done.
+
+        Only committed markers are visible, and at most one attempt per task is ever committed: a marker
+        of this attempt means "already committed", one of another attempt refuses the commit.
+        """
         with self._connect() as conn:
             for c in committables:
                 gid = gid_of(c)
-                if self._finish(conn, "COMMIT", gid):
-                    continue
                 marker = self._marker_attempt(conn, c)
                 if marker == c.attempt:
                     continue  # committed earlier: committing twice is committing once
+                if marker is None and self._finish(conn, "COMMIT", gid):
+                    continue
                 if marker is None:
                     raise StagedOutputLost(
                         f"{KIND}: prepared transaction {gid!r} does not exist and no marker shows it "
@@ -278,8 +299,8 @@ class PostgresTwoPhaseCommitter:
                         "cannot be committed"
                     )
                 raise ConflictingAttempt(
-                    f"{KIND}: {gid!r} is not prepared, and attempt {marker!r} of task {c.task} "
-                    "is committed instead"
+                    f"{KIND}: attempt {marker!r} of task {c.task} is committed; refusing to commit "
+                    f"{gid!r} as well"
                 )
 
     def abort(self, committables: Sequence[Committable]) -> None:
