@@ -130,3 +130,32 @@ def test_declared_columns_reject_rows_that_do_not_fit(config: dict[str, Any]) ->
         writer.write([{"id": "not a number", "name": "d"}, {"id": 4, "name": "e"}])
     writer.abort()
     assert not (Path(config["root"]) / "_staging/pf").exists()
+
+
+def test_replace_mode_keeps_only_the_last_epoch_and_deletes_superseded_files_an_epoch_later(
+    config: dict[str, Any],
+) -> None:
+    config = {**config, "mode": "replace"}
+    table = Path(config["root"]) / "events"
+    committer = FilesCommitter(config)
+    first = [stage(config, task(1, f"s0-t{i}"), [i]) for i in range(2)]
+    committer.commit(first)
+    assert ids(config) == [0, 1]
+    second = [stage(config, task(2), [5, 6])]
+    committer.commit(second)
+    committer.commit(second)  # a retried commit recomputes the same entry
+    assert ids(config) == [5, 6]
+    log = read_commit_log(table)
+    assert log[1].removes == ("epoch=1/s0-t0.parquet", "epoch=1/s0-t1.parquet")
+    assert (table / "epoch=1/s0-t0.parquet").exists()  # a reader that listed epoch 1 may still read it
+    committer.commit([stage(config, task(3), [7])])
+    assert ids(config) == [7]
+    assert list(table.glob("epoch=1/*.parquet")) == []
+    assert (table / "epoch=2/s0-t0.parquet").exists()
+
+
+def test_unknown_mode_is_refused(config: dict[str, Any]) -> None:
+    from onceflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="mode='upsert'"):
+        FilesCommitter({**config, "mode": "upsert"})

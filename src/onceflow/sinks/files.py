@@ -8,9 +8,11 @@ Layout under ``root``:
 
 The commit log, not the folder listing, defines the table: a reader (`read_committed_table`) reads only
 files named by log entries, so a staged or half-moved epoch is never read. A log entry lists the files
-it ``adds`` and the files it ``removes``; commits today only add, and the ``removes`` list is the seam
-for replacing an interval's output atomically later (one entry adding the new files and removing the
-old ones). A table belongs to one (pipeline, sink).
+it ``adds`` and the files it ``removes``. In ``mode: append`` (the default) commits only add; in
+``mode: replace`` each epoch's entry removes every file live before it, so the table always holds the
+last committed epoch's output (how keyed state snapshots are kept), and files removed by older entries
+are deleted one epoch later, so a reader that listed the table just before a commit can still read them.
+A table belongs to one (pipeline, sink).
 """
 
 from __future__ import annotations
@@ -49,18 +51,21 @@ if TYPE_CHECKING:
 KIND = "files"
 PART = "part-00000.parquet"
 LOG_DIR = "_onceflow_log"
+MODES = ("append", "replace")
 
 
 @dataclass(frozen=True)
 class FilesConfig:
     """``root`` (folder), ``table`` (folder name under root), ``columns`` (optional name -> Arrow type
     alias such as ``int64`` or ``string``; inferred from the rows when absent), ``batch_size`` (rows per
-    Parquet row group), ``name`` (the sink name, narrowing ``orphans``)."""
+    Parquet row group), ``mode`` ("append" or "replace": whether an epoch's commit keeps or replaces
+    what the table holds), ``name`` (the sink name, narrowing ``orphans``)."""
 
     root: str
     table: str
     columns: tuple[tuple[str, str], ...] = ()
     batch_size: int = 10_000
+    mode: str = "append"
     name: str | None = None
 
     @classmethod
@@ -71,8 +76,11 @@ class FilesConfig:
             table=check_name("files sink config table", reader.string("table")),
             columns=reader.columns(required=False),
             batch_size=reader.integer("batch_size", 10_000, minimum=1),
+            mode=reader.string("mode", "append"),
             name=reader.optional_string("name"),
         )
+        if parsed.mode not in MODES:
+            raise ConfigError(f"files sink config mode={parsed.mode!r}: expected one of {MODES}")
         parsed.arrow_schema()
         reader.finish()
         return parsed
@@ -153,15 +161,20 @@ def read_commit_log(table_dir: Path) -> list[CommitLogEntry]:
     return [CommitLogEntry.from_json(p.read_text()) for p in sorted(log.glob("[0-9]*.json"))]
 
 
-def committed_files(table_dir: Path) -> list[Path]:
-    """The table's live files: every log entry's adds minus later removes, in commit order."""
+def _live(entries: Iterable[CommitLogEntry]) -> list[str]:
+    """Every entry's adds minus later removes, in commit order (relative names)."""
     live: dict[str, None] = {}
-    for entry in read_commit_log(table_dir):
+    for entry in entries:
         for name in entry.removes:
             live.pop(name, None)
         for name in entry.adds:
             live[name] = None
-    return [table_dir / name for name in live]
+    return list(live)
+
+
+def committed_files(table_dir: Path) -> list[Path]:
+    """The table's live files: every log entry's adds minus later removes, in commit order."""
+    return [table_dir / name for name in _live(read_commit_log(table_dir))]
 
 
 def read_committed_table(root: str | os.PathLike[str], table: str) -> pa.Table:
@@ -283,11 +296,13 @@ class FilesCommitter:
             for c in group:
                 adds.extend(self._move(c, table_dir))
             first = group[0]
+            earlier = [e for e in read_commit_log(table_dir) if e.epoch < epoch]
             entry = CommitLogEntry(
                 epoch=epoch,
                 pipeline=first.pipeline,
                 sink=first.sink,
                 adds=tuple(sorted(adds)),
+                removes=tuple(_live(earlier)) if self.config.mode == "replace" else (),
                 record_count=sum(c.record_count for c in group),
             )
             path = log_entry_path(table_dir, epoch)
@@ -302,6 +317,7 @@ class FilesCommitter:
             write_durably(path, entry.to_json().encode())
             for c in group:
                 self._area.remove(self._area.for_committable(c))
+            _delete_removed(table_dir, earlier)
 
     def _move(self, c: Committable, table_dir: Path) -> list[str]:
         if c.handle.get("incomplete"):
@@ -345,6 +361,15 @@ class FilesCommitter:
 
     def orphans(self, pipeline: str) -> list[Committable]:
         return self._area.orphans(pipeline, self.config.name)
+
+
+def _delete_removed(table_dir: Path, entries: Sequence[CommitLogEntry]) -> None:
+    """Compaction: delete the files that ``entries`` removed and that no entry brought back."""
+    live = set(_live(entries))
+    for entry in entries:
+        for name in entry.removes:
+            if name not in live:
+                (table_dir / name).unlink(missing_ok=True)
 
 
 def _by_epoch(committables: Sequence[Committable]) -> dict[int, list[Committable]]:
