@@ -10,7 +10,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onceflow.ledger import Ledger, PrecommitRefused
+from onceflow.faults import crash_point
+from onceflow.ledger import Ledger, LosingAttempt, PrecommitRefused
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import Pipeline, SinkSpec
 from onceflow.records import DeadLetter, decode_record
@@ -20,6 +21,8 @@ from onceflow.sources.kafka_planning import ReadTask
 from onceflow.sources.kafka_range import read_range
 
 WRITE_BATCH = 2000
+# A TaskResult's reason when another attempt of the same task is the accepted one: not a failure.
+LOST_TO_ANOTHER_ATTEMPT = "another attempt already won"
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,11 @@ def read_tasks(ref: EpochRef, tasks: Iterable[ReadTask], columns: Sequence[str])
     spec = ref.pipeline
     for task in tasks:
         dead: list[DeadLetter] = []
+        middle = task.range.from_offset + (task.range.until_offset - task.range.from_offset) // 2
         for record in read_range(ref.bootstrap, task.range):
+            if record.offset >= middle:
+                crash_point("task_mid_read")
+                middle = task.range.until_offset  # once per task
             decoded = decode_record(record, spec.format, spec.max_record_bytes)
             if isinstance(decoded, DeadLetter):
                 dead.append(decoded)
@@ -85,7 +92,7 @@ def write_task(
     ledger = Ledger.connect(ref.ledger_url)
     try:
         if _winner(ledger, spec.name, ref.epoch, sink.name, task_id) not in (None, attempt):
-            return TaskResult(sink.name, task_id, attempt, 0, False, "another attempt already won")
+            return TaskResult(sink.name, task_id, attempt, 0, False, LOST_TO_ANOTHER_ATTEMPT)
         writer = writer_for(sink)
         context = TaskContext(
             pipeline=spec.name,
@@ -110,19 +117,24 @@ def write_task(
                 writer.write(batch)
                 count += len(batch)
             committable = writer.pre_commit()
+            crash_point("task_after_stage")
         except ConflictingAttempt:
             writer.abort()
             if _winner(ledger, spec.name, ref.epoch, sink.name, task_id) is not None:
-                return TaskResult(sink.name, task_id, attempt, 0, False, "another attempt already won")
+                return TaskResult(sink.name, task_id, attempt, 0, False, LOST_TO_ANOTHER_ATTEMPT)
             raise  # the other attempt has not reported yet: let Spark retry this task later
         except BaseException:
             writer.abort()
             raise
         try:
             ledger.register_precommit(committable, ref.attempt_token)
+        except LosingAttempt:
+            writer.abort()  # a speculative or retried copy that lost the race: roll back its own staging
+            return TaskResult(sink.name, task_id, attempt, count, False, LOST_TO_ANOTHER_ATTEMPT)
         except PrecommitRefused as refused:
             writer.abort()
             return TaskResult(sink.name, task_id, attempt, count, False, str(refused))
+        crash_point("task_after_precommit")
         return TaskResult(sink.name, task_id, attempt, count, True)
     finally:
         ledger.close()
