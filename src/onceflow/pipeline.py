@@ -28,8 +28,10 @@ ON_MISSING_OFFSETS: tuple[str, ...] = ("fail", "skip")
 FIELD_TYPES: tuple[str, ...] = ("string", "int", "float", "bool")
 # Columns every decoded row carries, so sinks can deduplicate or trace a row back to its record.
 METADATA_COLUMNS: tuple[str, ...] = ("_topic", "_partition", "_offset", "_timestamp")
-# Reducers the state layer knows by name; anything else must be a ``module:function`` path.
-BUILTIN_REDUCERS: tuple[str, ...] = ("count", "sum", "min", "max", "last")
+# Reducers keyed state folds with: associative, so epoch n's rows fold into the state of epoch n-1.
+BUILTIN_REDUCERS: tuple[str, ...] = ("count", "sum", "min", "max")
+# The participant name of a stateful pipeline's state snapshot; no user sink may take it.
+STATE_SINK = "onceflow_state"
 
 SPEC_VERSION = 1
 
@@ -172,15 +174,21 @@ RecordFormat: TypeAlias = JsonFormat | RawFormat
 
 @dataclass(frozen=True)
 class StateSpec:
-    """Keyed state, declared: rows are grouped by ``keys`` and folded with ``reducer``.
+    """Keyed state: the transform's rows are grouped by ``keys`` and ``column`` is folded with ``reducer``.
 
-    ``reducer`` is one of `BUILTIN_REDUCERS` or a ``module:function`` path; ``column`` is the value it
-    folds (not needed for "count").
+    State after epoch n = the committed state of epoch n-1 folded with epoch n's rows. The sinks receive,
+    for every key the epoch touched, the keys and the new folded value (in column ``output``, by default
+    ``column``, or "count"). The reducers are the associative ones (`BUILTIN_REDUCERS`), which is what lets
+    an epoch's rows be folded into the previous state without re-reading old epochs. The snapshot lives
+    in files under ``root`` (default ``$ONCEFLOW_HOME/state``), staged by the job and promoted with the
+    epoch like any other participant.
     """
 
     keys: tuple[str, ...]
     reducer: str
     column: str | None = None
+    output: str | None = None
+    root: str | None = None
 
     def __post_init__(self) -> None:
         keys = self.keys
@@ -193,16 +201,21 @@ class StateSpec:
         if len(set(keys)) != len(keys):
             raise _fail("state.keys", list(keys), "a key column is listed more than once")
         object.__setattr__(self, "keys", keys)
-        if not isinstance(self.reducer, str) or (
-            self.reducer not in BUILTIN_REDUCERS and not _DOTTED.match(self.reducer)
-        ):
-            raise _fail(
-                "state.reducer", self.reducer, f"expected one of {BUILTIN_REDUCERS} or 'module:function'"
-            )
+        if self.reducer not in BUILTIN_REDUCERS:
+            raise _fail("state.reducer", self.reducer, f"expected one of {BUILTIN_REDUCERS}")
         if self.column is None and self.reducer != "count":
             raise _fail("state.column", None, f"reducer {self.reducer!r} needs the column it folds")
-        if self.column is not None and (not isinstance(self.column, str) or not self.column):
-            raise _fail("state.column", self.column, "expected a column name")
+        for name in ("column", "output", "root"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise _fail(f"state.{name}", value, "expected a non-empty string")
+        if self.value_column in keys:
+            raise _fail("state.output", self.value_column, "the folded value's column collides with a key")
+
+    @property
+    def value_column(self) -> str:
+        """The column that carries the folded value in the state and in the sinks' rows."""
+        return self.output or self.column or "count"
 
 
 @dataclass(frozen=True)
@@ -271,6 +284,15 @@ class Pipeline:
             _check_dotted("transform", self.transform)
         if self.state is not None and not isinstance(self.state, StateSpec):
             raise _fail("state", self.state, "expected a StateSpec or None")
+        if STATE_SINK in names:
+            raise _fail("sinks.name", STATE_SINK, "is reserved for the keyed state's snapshot")
+        if self.state is not None and self.slices != 1:
+            raise _fail(
+                "slices",
+                self.slices,
+                "a pipeline with keyed state runs as one slice, because a key's records may come from "
+                "any partition (Spark still spreads the slice over its executors)",
+            )
         if self.guarantee not in GUARANTEES:
             raise _fail("guarantee", self.guarantee, f"expected one of {GUARANTEES}")
         for name in (
@@ -312,6 +334,8 @@ class Pipeline:
                 "keys": list(self.state.keys),
                 "reducer": self.state.reducer,
                 "column": self.state.column,
+                "output": self.state.output,
+                "root": self.state.root,
             }
         return {
             "version": SPEC_VERSION,
@@ -365,9 +389,15 @@ class Pipeline:
         state = None
         if data.get("state") is not None:
             state_data = data["state"]
-            _check_keys("state", state_data, required={"keys", "reducer"}, optional={"column"})
+            _check_keys(
+                "state", state_data, required={"keys", "reducer"}, optional={"column", "output", "root"}
+            )
             state = StateSpec(
-                keys=state_data["keys"], reducer=state_data["reducer"], column=state_data.get("column")
+                keys=state_data["keys"],
+                reducer=state_data["reducer"],
+                column=state_data.get("column"),
+                output=state_data.get("output"),
+                root=state_data.get("root"),
             )
         limits = {k: data[k] for k in _OPTIONAL_KEYS - {"version", "transform", "state"} if k in data}
         return cls(

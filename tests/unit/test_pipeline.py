@@ -37,10 +37,10 @@ def full() -> Pipeline:
     return make(
         source=KafkaSource(topics=["a", "b.c"], starting=1_700_000_000_000, on_missing_offsets="skip"),
         transform="my_jobs.orders:enrich",
-        state=StateSpec(keys=["customer"], reducer="sum", column="amount"),
+        state=StateSpec(keys=["customer"], reducer="sum", column="amount", output="total", root="/tmp/s"),
         sinks=[SinkSpec("pg", "postgres", {"table": "t"}), SinkSpec("out", "kafka", {"topic": "x"})],
         guarantee="at_least_once",
-        slices=3,
+        slices=1,
         max_records_per_partition=10,
         max_records_per_task=5,
         max_record_bytes=2048,
@@ -113,6 +113,13 @@ def test_lists_are_frozen_and_config_cannot_change_behind_the_spec() -> None:
         (lambda: StateSpec(keys=("k", "k"), reducer="count"), "state.keys=.*listed more than once"),
         (lambda: StateSpec(keys=("k",), reducer="median", column="x"), "state.reducer='median'"),
         (lambda: StateSpec(keys=("k",), reducer="sum"), "state.column=None: reducer 'sum' needs the column"),
+        (lambda: StateSpec(keys=("k",), reducer="my.mod:fold", column="x"), "state.reducer='my.mod:fold'"),
+        (lambda: StateSpec(keys=("k", "n"), reducer="sum", column="n"), "state.output='n'.*collides"),
+        (
+            lambda: make(state=StateSpec(keys=("k",), reducer="count"), slices=2),
+            "slices=2: a pipeline with keyed state runs as one slice",
+        ),
+        (lambda: make(sinks=[SinkSpec("onceflow_state", "files")]), "reserved for the keyed state"),
     ],
 )
 def test_invalid_specs_name_the_field_and_the_value(build: Callable[[], object], message: str) -> None:

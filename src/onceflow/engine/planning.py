@@ -12,9 +12,10 @@ from datetime import datetime
 from onceflow.config import Settings
 from onceflow.engine.sinks import sink_config
 from onceflow.errors import ConfigError
+from onceflow.faults import crash_point
 from onceflow.ledger import Epoch, Ledger
 from onceflow.offsets import OffsetRange
-from onceflow.pipeline import Pipeline
+from onceflow.pipeline import STATE_SINK, Pipeline
 from onceflow.sources.kafka_metadata import KafkaMetadata
 from onceflow.sources.kafka_planning import EpochPlan, SlicePlan, assign_slices
 
@@ -48,7 +49,8 @@ def slices_of(spec: Pipeline, ranges: tuple[OffsetRange, ...]) -> tuple[SlicePla
 
 def expected_participants(spec: Pipeline, slices: tuple[SlicePlan, ...]) -> list[tuple[str, str]]:
     """Every (sink, task) pair that must pre-commit before the epoch may be decided."""
-    return [(sink.name, task.task_id) for s in slices for task in s.tasks for sink in spec.sinks]
+    names = [sink.name for sink in spec.sinks] + ([STATE_SINK] if spec.state is not None else [])
+    return [(name, task.task_id) for s in slices for task in s.tasks for name in names]
 
 
 def check_timeouts(spec: Pipeline) -> None:
@@ -74,6 +76,28 @@ def check_timeouts(spec: Pipeline) -> None:
                 ) from exc
 
 
+def check_kafka_groups(spec: Pipeline) -> None:
+    """Refuse two Kafka sinks of one pipeline that commit input offsets to the same consumer group.
+
+    A Kafka sink's group position is its "already published" marker: sharing one, the second sink would
+    find the position the first one committed, take its own epoch for published and drop it.
+    """
+    from onceflow.sinks.kafka import KafkaSinkConfig
+
+    seen: dict[str, str] = {}
+    for sink in spec.sinks:
+        if sink.kind != "kafka":
+            continue
+        group = KafkaSinkConfig.from_mapping(sink_config(sink)).group_for(spec.name)
+        if group in seen:
+            raise ConfigError(
+                f"sinks {seen[group]!r} and {sink.name!r} both commit input offsets to consumer group "
+                f"{group!r}; that position marks an epoch as published, so each Kafka sink needs its own: "
+                "set a distinct group_id in their configs"
+            )
+        seen[group] = sink.name
+
+
 def plan_epoch(
     spec: Pipeline,
     ledger: Ledger,
@@ -85,6 +109,7 @@ def plan_epoch(
 ) -> PlannedEpoch:
     """Plan the next epoch: Kafka positions -> ranges -> slices and tasks -> the ledger (durable)."""
     check_timeouts(spec)
+    check_kafka_groups(spec)
     committed = ledger.committed_offsets(spec.name)
     limit = max_records_per_partition or spec.max_records_per_partition
     interval_end_ms = int(data_interval[1].timestamp() * 1000) if data_interval else None
@@ -100,4 +125,5 @@ def plan_epoch(
         run_id=run_id,
         data_interval=data_interval,
     )
+    crash_point("after_plan")
     return PlannedEpoch(epoch, plan, slices)

@@ -41,10 +41,16 @@ def spark_application() -> str:
     return str(Path(slice_job.__file__))
 
 
+def spark_master() -> str:
+    """ONCEFLOW_SPARK_MASTER, else local[2]; ``local[N,F]`` lets Spark retry a failed task F-1 times."""
+    return os.environ.get("ONCEFLOW_SPARK_MASTER") or "local[2]"
+
+
 def submit_slice(
-    pipeline_path: str, epoch: Epoch, slice_number: int, settings: Settings, *, master: str = "local[2]"
+    pipeline_path: str, epoch: Epoch, slice_number: int, settings: Settings, *, master: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """spark-submit one slice of an epoch and wait for it."""
+    master = master or spark_master()
     command = [
         "spark-submit",
         "--master", master,

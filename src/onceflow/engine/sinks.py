@@ -9,6 +9,7 @@ from onceflow.errors import ConfigError
 from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
 from onceflow.sinks import build_committer, build_writer
 from onceflow.sinks.base import SinkCommitter, SinkWriter
+from onceflow.state.store import state_sink
 
 
 def sink_config(sink: SinkSpec) -> dict[str, Any]:
@@ -20,8 +21,14 @@ def writer_for(sink: SinkSpec) -> SinkWriter:
     return build_writer(sink.kind, sink_config(sink))
 
 
+def participant_sinks(spec: Pipeline) -> tuple[SinkSpec, ...]:
+    """The user's sinks plus, for a stateful pipeline, the internal sink of its state snapshot."""
+    state = state_sink(spec)
+    return spec.sinks if state is None else (*spec.sinks, state)
+
+
 def committers_for(spec: Pipeline) -> dict[str, SinkCommitter]:
-    return {sink.name: build_committer(sink.kind, sink_config(sink)) for sink in spec.sinks}
+    return {sink.name: build_committer(sink.kind, sink_config(sink)) for sink in participant_sinks(spec)}
 
 
 PIPELINES_ENV = "ONCEFLOW_PIPELINES"
@@ -38,11 +45,12 @@ def pipeline_committer(pipeline: str, sink: str) -> SinkCommitter:
         spec = load_pipeline(path)
         if spec.name != pipeline:
             continue
-        for candidate in spec.sinks:
+        candidates = participant_sinks(spec)
+        for candidate in candidates:
             if candidate.name == sink:
                 return build_committer(candidate.kind, sink_config(candidate))
         raise ConfigError(
-            f"pipeline {pipeline!r} has no sink {sink!r} (its sinks: {', '.join(x.name for x in spec.sinks)})"
+            f"pipeline {pipeline!r} has no sink {sink!r} (its sinks: {', '.join(x.name for x in candidates)})"
         )
     raise ConfigError(
         f"pipeline {pipeline!r} is not among the specs in {PIPELINES_ENV}={','.join(paths)!r}; "

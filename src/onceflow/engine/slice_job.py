@@ -5,9 +5,11 @@ Steps:
    retried or late job must not touch an epoch that has moved on).
 2. Recompute the slice's read tasks from the epoch's ranges (a pure function, so all processes agree).
 3. Executors read exactly those ranges and decode them; bad records go to the ledger as dead letters.
-4. Apply the pipeline's transform (DataFrame in, DataFrame or {sink: DataFrame} out).
-5. For each sink, write one output partition per read task; each task stages its output and reports
-   its pre-commit to the ledger, which accepts one attempt per (sink, task).
+4. Apply the pipeline's transform (DataFrame in, DataFrame or {sink: DataFrame} out); a stateful
+   pipeline then folds the output into the last committed state (`onceflow.state.fold`), and its sinks
+   receive the new value of every key the epoch touched.
+5. For each sink, and the state snapshot, write one output partition per read task; each task stages
+   its output and reports its pre-commit to the ledger, which accepts one attempt per (sink, task).
 6. Fail (non-zero exit) when any task was refused for a reason other than losing to another attempt,
    so that the orchestrator aborts the epoch.
 """
@@ -22,11 +24,13 @@ from typing import Any
 
 from onceflow.config import Settings
 from onceflow.engine.planning import slices_of
-from onceflow.engine.task_io import EpochRef, TaskResult, read_tasks, write_task
-from onceflow.errors import OnceflowError
+from onceflow.engine.task_io import LOST_TO_ANOTHER_ATTEMPT, EpochRef, TaskResult, read_tasks, write_task
+from onceflow.errors import ConfigError, OnceflowError
+from onceflow.faults import crash_point
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
 from onceflow.records import spark_schema
+from onceflow.state.store import committed_state_files, state_sink
 
 
 class SliceFailed(OnceflowError):
@@ -99,23 +103,22 @@ def run_slice(
         )
         frame = spark.createDataFrame(rows, schema)
 
-        # 4. The transform.
+        # 4. The transform, then the fold into keyed state.
         output = spec.load_transform()(frame)
-        outputs = output if isinstance(output, dict) else {sink.name: output for sink in spec.sinks}
-        if len({id(df) for df in outputs.values()}) > 1:
-            frame.persist()
+        writes = _outputs(spark, spec, settings, output)
+        if len(writes) > 1:
+            frame.persist()  # each write is a Spark action: read Kafka once, not once per sink
 
-        # 5. One output partition per read task, for each sink.
+        # 5. One output partition per read task, for each sink and the state snapshot.
         results: list[TaskResult] = []
-        for sink in spec.sinks:
-            if sink.name not in outputs:
-                raise SliceFailed(f"the transform returned no DataFrame for sink {sink.name!r}")
-            results += _write_sink(ref, sink, outputs[sink.name], [t.task_id for t in tasks])
+        for sink, frame_out in writes:
+            results += _write_sink(ref, sink, frame_out, [t.task_id for t in tasks])
     finally:
         spark.stop()
+    crash_point("slice_after_precommits")
 
     # 6. Judge the outcome.
-    refused = [r for r in results if not r.accepted and r.reason != "another attempt already won"]
+    refused = [r for r in results if not r.accepted and r.reason != LOST_TO_ANOTHER_ATTEMPT]
     for r in results:
         _log(
             f"sink {r.sink} task {r.task}: {r.records} records, "
@@ -127,6 +130,26 @@ def run_slice(
             + "; ".join(f"{r.sink}/{r.task}: {r.reason}" for r in refused)
         )
     return {"slice": slice_number, "tasks": len(tasks), "results": [r.__dict__ for r in results]}
+
+
+def _outputs(spark: Any, spec: Pipeline, settings: Settings, output: Any) -> list[tuple[SinkSpec, Any]]:
+    """What each participant writes: the transform's output per sink, then the new state snapshot."""
+    snapshot_sink = state_sink(spec, settings)
+    if spec.state is None or snapshot_sink is None:
+        outputs = output if isinstance(output, dict) else {sink.name: output for sink in spec.sinks}
+        missing = [sink.name for sink in spec.sinks if sink.name not in outputs]
+        if missing:
+            raise SliceFailed(f"the transform returned no DataFrame for sinks {missing}")
+        return [(sink, outputs[sink.name]) for sink in spec.sinks]
+    if isinstance(output, dict):
+        raise SliceFailed("a stateful pipeline's transform must return one DataFrame, not one per sink")
+    from onceflow.state.fold import fold_epoch
+
+    try:
+        touched, snapshot = fold_epoch(spark, spec.state, output, committed_state_files(spec, settings))
+    except ConfigError as exc:
+        raise SliceFailed(str(exc)) from exc
+    return [*((sink, touched) for sink in spec.sinks), (snapshot_sink, snapshot)]
 
 
 def _write_sink(ref: EpochRef, sink: SinkSpec, frame: Any, task_ids: list[str]) -> list[TaskResult]:

@@ -1,0 +1,50 @@
+"""Test data for the engine tests: records produced transactionally, and what the sinks hold."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from confluent_kafka import Producer
+
+ORDERS = "tests.integration.engine.pipelines:ORDERS"
+ODD_EVEN = "tests.integration.engine.pipelines:ODD_EVEN"
+
+
+def produce(
+    bootstrap: str, topic: str, orders: list[dict], *, abort: list[dict] = (), bad: list[bytes] = ()
+) -> None:
+    """Commit ``orders`` (keyed by id) and ``bad`` raw values in one transaction; then abort ``abort``."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": uuid.uuid4().hex})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for order in orders:
+        producer.produce(topic, key=str(order.get("id", "")).encode(), value=json.dumps(order).encode())
+    for raw in bad:
+        producer.produce(topic, key=b"bad", value=raw)
+    producer.commit_transaction(30)
+    if abort:
+        producer.begin_transaction()
+        for order in abort:
+            producer.produce(topic, key=str(order.get("id", "")).encode(), value=json.dumps(order).encode())
+        producer.flush(30)
+        producer.abort_transaction(30)
+
+
+def orders(start: int, count: int) -> list[dict]:
+    return [{"id": i, "amount": float(i % 5), "customer": f"c{i % 3}"} for i in range(start, start + count)]
+
+
+def pg_ids(pg_connect, table: str) -> list[int]:  # type: ignore[no-untyped-def]
+    rows = pg_connect(autocommit=True).execute(f"SELECT id FROM {table} ORDER BY id").fetchall()
+    return [r[0] for r in rows]
+
+
+def prepared_count(pg_connect, pipeline: str) -> int:  # type: ignore[no-untyped-def]
+    """Prepared transactions the pipeline's PostgreSQL sinks left in the database."""
+    row = (
+        pg_connect(autocommit=True)
+        .execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE %s", (f"onceflow:{pipeline}%",))
+        .fetchone()
+    )
+    return int(row[0])

@@ -1,0 +1,55 @@
+"""Plan-time checks and participants of the engine, without services."""
+
+from __future__ import annotations
+
+import pytest
+
+from onceflow.engine.planning import check_kafka_groups, check_timeouts, expected_participants, slices_of
+from onceflow.engine.sinks import participant_sinks
+from onceflow.errors import ConfigError
+from onceflow.offsets import OffsetRange
+from onceflow.pipeline import STATE_SINK, JsonFormat, KafkaSource, Pipeline, SinkSpec, StateSpec
+
+KAFKA = {"topic": "out", "bootstrap": "127.0.0.1:1", "staging_root": "/tmp/x"}
+
+
+def spec(*sinks: SinkSpec, **fields: object) -> Pipeline:
+    return Pipeline(
+        name="p",
+        source=KafkaSource(topics=("in",)),
+        format=JsonFormat(schema={"n": "int"}),
+        sinks=sinks,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_two_kafka_sinks_sharing_a_consumer_group_are_refused() -> None:
+    shared = spec(SinkSpec("a", "kafka", KAFKA), SinkSpec("b", "kafka", {**KAFKA, "topic": "other"}))
+    with pytest.raises(ConfigError, match="sinks 'a' and 'b' both commit input offsets to consumer group"):
+        check_kafka_groups(shared)
+    check_kafka_groups(
+        spec(SinkSpec("a", "kafka", KAFKA), SinkSpec("b", "kafka", {**KAFKA, "group_id": "g-b"}))
+    )
+
+
+def test_a_kafka_transaction_timeout_below_the_pipeline_timeout_is_refused() -> None:
+    short = spec(
+        SinkSpec("a", "kafka", {**KAFKA, "transaction_timeout_ms": 60_000}), transaction_timeout_s=900
+    )
+    with pytest.raises(ConfigError, match=r"sink 'a'.*Raise transaction_timeout_ms"):
+        check_timeouts(short)
+
+
+def test_state_is_a_participant_of_every_task(tmp_path: object) -> None:
+    stateful = spec(
+        SinkSpec("pg", "postgres_upsert", {"table": "t", "columns": {"k": "text"}, "key_columns": ["k"]}),
+        state=StateSpec(keys=("k",), reducer="count", root="/tmp/state"),
+        max_records_per_task=5,
+    )
+    slices = slices_of(stateful, (OffsetRange("in", 0, 0, 12),))
+    assert expected_participants(stateful, slices) == [
+        (name, task) for task in ("s0-t0", "s0-t1", "s0-t2") for name in ("pg", STATE_SINK)
+    ]
+    state = participant_sinks(stateful)[-1]
+    assert state.name == STATE_SINK and state.kind == "files"
+    assert dict(state.config) == {"root": "/tmp/state/p", "table": "state", "mode": "replace"}
