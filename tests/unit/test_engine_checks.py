@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from onceflow.engine.planning import check_kafka_groups, check_timeouts, expected_participants, slices_of
+from onceflow.engine.planning import (
+    check_guarantee,
+    check_kafka_groups,
+    check_timeouts,
+    expected_participants,
+    slices_of,
+)
 from onceflow.engine.sinks import participant_sinks
 from onceflow.errors import ConfigError
 from onceflow.offsets import OffsetRange
@@ -53,3 +59,12 @@ def test_state_is_a_participant_of_every_task(tmp_path: object) -> None:
     state = participant_sinks(stateful)[-1]
     assert state.name == STATE_SINK and state.kind == "files"
     assert dict(state.config) == {"root": "/tmp/state/p", "table": "state", "mode": "replace"}
+
+
+def test_exactly_once_refuses_sinks_that_write_before_the_commit() -> None:
+    plain = SinkSpec("log", "plain", {"table": "t", "columns": {"n": "bigint"}})
+    with pytest.raises(ConfigError, match=r"declares exactly_once, but sinks \['log'\] only give at-least"):
+        check_guarantee(spec(plain))
+    check_guarantee(spec(plain, guarantee="at_least_once"))
+    with pytest.raises(ConfigError, match="'at_most_once' is not supported"):
+        check_guarantee(spec(plain, guarantee="at_most_once"))

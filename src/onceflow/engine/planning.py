@@ -76,6 +76,30 @@ def check_timeouts(spec: Pipeline) -> None:
                 ) from exc
 
 
+def check_guarantee(spec: Pipeline) -> None:
+    """Refuse a pipeline whose sinks cannot give the guarantee it declares.
+
+    ``exactly_once`` needs every sink to be transactional or idempotent; ``at_least_once`` accepts the
+    write-ahead-log and plain sinks too (same protocol: offsets advance only with a committed epoch).
+    ``at_most_once`` would advance the offsets before processing, which this version does not do.
+    """
+    from onceflow.sinks.registry import sink_kind
+
+    if spec.guarantee == "at_most_once":
+        raise ConfigError(
+            f"pipeline {spec.name!r}: guarantee 'at_most_once' is not supported by this version; use "
+            "'at_least_once' (nothing is lost) or 'exactly_once'"
+        )
+    if spec.guarantee == "exactly_once":
+        weaker = [s.name for s in spec.sinks if sink_kind(s.kind).guarantee != "exactly_once"]
+        if weaker:
+            raise ConfigError(
+                f"pipeline {spec.name!r} declares exactly_once, but sinks {weaker} only give at-least-once "
+                "(they write before the epoch commits); declare guarantee='at_least_once' or use a "
+                "two-phase or idempotent sink"
+            )
+
+
 def check_kafka_groups(spec: Pipeline) -> None:
     """Refuse two Kafka sinks of one pipeline that commit input offsets to the same consumer group.
 
@@ -108,6 +132,7 @@ def plan_epoch(
     max_records_per_partition: int | None = None,
 ) -> PlannedEpoch:
     """Plan the next epoch: Kafka positions -> ranges -> slices and tasks -> the ledger (durable)."""
+    check_guarantee(spec)
     check_timeouts(spec)
     check_kafka_groups(spec)
     committed = ledger.committed_offsets(spec.name)
