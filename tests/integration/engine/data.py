@@ -8,7 +8,7 @@ import uuid
 from confluent_kafka import Producer
 
 ORDERS = "tests.integration.engine.pipelines:ORDERS"
-ODD_EVEN = "tests.integration.engine.pipelines:ODD_EVEN"
+ODD_EVEN = "examples.odd_even.pipeline:ODD_EVEN"
 
 
 def produce(

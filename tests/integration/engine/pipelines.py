@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec, StateSpec
+from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
 
 
 def orders_pipeline() -> Pipeline:
@@ -44,36 +44,3 @@ def enrich(frame):  # type: ignore[no-untyped-def]
 
 
 ORDERS = orders_pipeline()
-
-
-def odd_even_pipeline() -> Pipeline:
-    """The running sums of odd and even numbers: keyed state folded per epoch, upserted to PostgreSQL."""
-    name = os.environ.get("ONCEFLOW_TEST_PIPELINE", "engine-test")
-    return Pipeline(
-        name=f"{name}-sums",
-        source=KafkaSource(topics=(os.environ.get("ONCEFLOW_TEST_TOPIC", "engine-test"),)),
-        format=JsonFormat(schema={"n": "int"}),
-        transform="tests.integration.engine.pipelines:parity",
-        state=StateSpec(keys=("parity",), reducer="sum", column="n", output="total"),
-        sinks=(
-            SinkSpec(
-                "sums",
-                "postgres_upsert",
-                {
-                    "table": os.environ.get("ONCEFLOW_TEST_TABLE", "engine_test") + "_sums",
-                    "columns": {"parity": "text", "total": "bigint"},
-                    "key_columns": ["parity"],
-                },
-            ),
-        ),
-        max_records_per_task=9,
-    )
-
-
-def parity(frame):  # type: ignore[no-untyped-def]
-    from pyspark.sql import functions as F
-
-    return frame.select(F.when(frame.n % 2 == 0, "even").otherwise("odd").alias("parity"), "n")
-
-
-ODD_EVEN = odd_even_pipeline()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -43,9 +44,21 @@ def committed_state() -> dict[str, int]:
 
 
 def test_running_sums_fold_each_epoch_once_and_an_aborted_epoch_leaves_the_state_alone(
-    stack, settings, pg_connect, monkeypatch, tmp_path
+    stack, settings, pg_connect, make_topic, monkeypatch, tmp_path
 ) -> None:
-    topic, table = stack["ONCEFLOW_TEST_TOPIC"], stack["ONCEFLOW_TEST_TABLE"] + "_sums"
+    """The odd/even example pipeline (examples/odd_even) on its own fresh topic and table."""
+    topic = make_topic("numbers", partitions=3)
+    suffix = topic.removeprefix("numbers")
+    monkeypatch.setenv("ONCEFLOW_ODD_EVEN_SUFFIX", suffix)
+    monkeypatch.delitem(sys.modules, "examples.odd_even.pipeline", raising=False)
+    table = "parity_sums" + suffix.replace("-", "_")
+    try:
+        check_running_sums(topic, table, stack, settings, pg_connect, monkeypatch, tmp_path)
+    finally:
+        pg_connect(autocommit=True).execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def check_running_sums(topic, table, stack, settings, pg_connect, monkeypatch, tmp_path) -> None:
     produce(settings.kafka_bootstrap, topic, numbers(1, 20))
     assert run_epoch(ODD_EVEN, Settings.from_env()).epoch.status == EpochStatus.COMMITTED
     assert sums(pg_connect, table) == expected_sums(20) == committed_state()

@@ -1,0 +1,1 @@
+"""The running sums of odd and even numbers: keyed state, upserted to PostgreSQL."""
