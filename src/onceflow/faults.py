@@ -36,6 +36,7 @@ POINTS: dict[str, str] = {
     "slice_after_precommits": "every task of the slice pre-committed; the driver has not exited",
     "before_decision": "the coordinator is about to decide",
     "after_decision": "the decision to commit is durable; no participant is committed",
+    "participant_committed": "a sink committed its participants; the ledger does not know it yet",
     "between_commits": "one sink's participants are committed, the next sink's are not",
     "before_finish": "every participant is committed; the epoch is not marked COMMITTED",
     "during_abort": "the abort began; participants are not rolled back yet",
@@ -43,6 +44,7 @@ POINTS: dict[str, str] = {
     "kafka.produced": "the Kafka sink produced the staged records inside its open transaction",
     "kafka.offsets_sent": "the Kafka sink added the input offsets to its open transaction",
     "kafka.committed": "the Kafka sink's transaction is committed; its staging is not deleted",
+    "wal.pushed": "the write-ahead-log sink pushed its rows; its log is not deleted",
 }
 
 

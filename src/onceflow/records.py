@@ -184,6 +184,29 @@ def _json_type(value: Any) -> str:
     return "object"
 
 
+def row_columns(fmt: RecordFormat) -> list[tuple[str, str, bool]]:
+    """(name, type, nullable) of the rows `decode_record` yields for ``fmt``, in order.
+
+    Types are the schema's ("string", "int", "float", "bool") plus "bytes" for raw keys and values.
+    """
+    columns: list[tuple[str, str, bool]] = []
+    if isinstance(fmt, JsonFormat):
+        for name in fmt.schema:
+            expected, nullable = fmt.field_type(name)
+            columns.append((name, expected, nullable))
+        if fmt.key_field is not None:
+            columns.append((fmt.key_field, "string", False))
+    else:
+        columns += [("key", "bytes", True), ("value", "bytes", True)]
+    return [
+        *columns,
+        ("_topic", "string", False),
+        ("_partition", "int32", False),
+        ("_offset", "int", False),
+        ("_timestamp", "int", True),
+    ]
+
+
 def spark_schema(fmt: RecordFormat) -> Any:
     """The Spark StructType of the rows `decode_record` yields for ``fmt`` (imports PySpark lazily)."""
     from pyspark.sql import types as T
@@ -191,22 +214,9 @@ def spark_schema(fmt: RecordFormat) -> Any:
     spark_types = {
         "string": T.StringType(),
         "int": T.LongType(),
+        "int32": T.IntegerType(),
         "float": T.DoubleType(),
         "bool": T.BooleanType(),
+        "bytes": T.BinaryType(),
     }
-    fields = []
-    if isinstance(fmt, JsonFormat):
-        for name in fmt.schema:
-            expected, nullable = fmt.field_type(name)
-            fields.append(T.StructField(name, spark_types[expected], nullable))
-        if fmt.key_field is not None:
-            fields.append(T.StructField(fmt.key_field, T.StringType(), False))
-    else:
-        fields += [T.StructField("key", T.BinaryType(), True), T.StructField("value", T.BinaryType(), True)]
-    fields += [
-        T.StructField("_topic", T.StringType(), False),
-        T.StructField("_partition", T.IntegerType(), False),
-        T.StructField("_offset", T.LongType(), False),
-        T.StructField("_timestamp", T.LongType(), True),
-    ]
-    return T.StructType(fields)
+    return T.StructType([T.StructField(n, spark_types[t], nullable) for n, t, nullable in row_columns(fmt)])

@@ -11,15 +11,19 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Literal, TypeAlias
 
 from onceflow.config import Settings
 from onceflow.engine import slice_job
+from onceflow.engine.local_slice import check_local, run_slice_local
 from onceflow.engine.planning import PlannedEpoch, plan_epoch
 from onceflow.engine.sinks import committers_for
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Epoch, Ledger, RecoveryReport
 from onceflow.local_airflow import spark_environment
 from onceflow.pipeline import Pipeline, load_pipeline
+
+Executor: TypeAlias = Literal["spark", "local"]
 
 
 class ProcessFailed(OnceflowError):
@@ -73,10 +77,17 @@ def run_epoch(
     *,
     data_interval: tuple[datetime, datetime] | None = None,
     max_records_per_partition: int | None = None,
+    executor: Executor = "spark",
 ) -> EpochOutcome:
-    """recover -> plan -> process every slice -> commit (or abort when a slice fails)."""
+    """recover -> plan -> process every slice -> commit (or abort when a slice fails).
+
+    ``executor="local"`` runs each slice in this process without Spark (`local_slice`), for pipelines
+    without transform and state.
+    """
     settings = settings or Settings.from_env()
     spec: Pipeline = load_pipeline(pipeline_path)
+    if executor == "local":
+        check_local(spec)
     committers = committers_for(spec)
     ledger = Ledger.connect(settings.ledger_url)
     try:
@@ -92,6 +103,12 @@ def run_epoch(
         failures = []
         for plan in planned.slices:
             if not plan.tasks:
+                continue
+            if executor == "local":
+                try:
+                    run_slice_local(spec, epoch.number, plan.slice, epoch.attempt_token, settings)
+                except OnceflowError as exc:
+                    failures.append(f"slice {plan.slice} failed: {exc}")
                 continue
             result = submit_slice(pipeline_path, epoch, plan.slice, settings)
             if result.returncode != 0:

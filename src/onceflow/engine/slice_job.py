@@ -30,6 +30,7 @@ from onceflow.faults import crash_point
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
 from onceflow.records import spark_schema
+from onceflow.sources.kafka_planning import ReadTask
 from onceflow.state.store import committed_state_files, state_sink
 
 
@@ -53,12 +54,10 @@ def _log(message: str) -> None:
     print(f"[onceflow slice] {message}", file=sys.stderr, flush=True)
 
 
-def run_slice(
+def slice_tasks(
     spec: Pipeline, epoch_number: int, slice_number: int, attempt_token: str, settings: Settings
-) -> dict[str, Any]:
-    """Process one slice; returns a summary (records read, written per sink, dead letters, refusals)."""
-    from pyspark.sql import SparkSession
-
+) -> tuple[EpochRef, list[ReadTask]]:
+    """Steps 1 and 2, shared by the Spark job and the local executor: check the epoch, list the tasks."""
     # 1. The epoch must still be PLANNED under this token.
     ledger = Ledger.connect(settings.ledger_url)
     try:
@@ -71,13 +70,9 @@ def run_slice(
             if epoch.attempt_token != attempt_token
             else f"{epoch} is {epoch.status}; a slice job only runs for a PLANNED epoch"
         )
-
     # 2. The slice's read tasks.
     plan = slices_of(spec, epoch.ranges)[slice_number]
-    tasks = list(plan.tasks)
-    _log(f"{epoch}: slice {slice_number} has {len(tasks)} read tasks over {len(plan.ranges)} partitions")
-    if not tasks:
-        return {"slice": slice_number, "tasks": 0, "results": []}
+    _log(f"{epoch}: slice {slice_number} has {len(plan.tasks)} read tasks over {len(plan.ranges)} partitions")
     ref = EpochRef(
         pipeline=spec,
         epoch=epoch_number,
@@ -87,6 +82,34 @@ def run_slice(
         bootstrap=settings.kafka_bootstrap,
         ledger_url=settings.ledger_url,
     )
+    return ref, list(plan.tasks)
+
+
+def judge(slice_number: int, tasks: int, results: list[TaskResult]) -> dict[str, Any]:
+    """Step 6: log each task's outcome; raise `SliceFailed` if any task was refused."""
+    refused = [r for r in results if not r.accepted and r.reason != LOST_TO_ANOTHER_ATTEMPT]
+    for r in results:
+        _log(
+            f"sink {r.sink} task {r.task}: {r.records} records, "
+            + ("pre-committed" if r.accepted else f"not accepted ({r.reason})")
+        )
+    if refused:
+        raise SliceFailed(
+            f"{len(refused)} tasks of slice {slice_number} were refused by the ledger: "
+            + "; ".join(f"{r.sink}/{r.task}: {r.reason}" for r in refused)
+        )
+    return {"slice": slice_number, "tasks": tasks, "results": [r.__dict__ for r in results]}
+
+
+def run_slice(
+    spec: Pipeline, epoch_number: int, slice_number: int, attempt_token: str, settings: Settings
+) -> dict[str, Any]:
+    """Process one slice; returns a summary (records read, written per sink, dead letters, refusals)."""
+    from pyspark.sql import SparkSession
+
+    ref, tasks = slice_tasks(spec, epoch_number, slice_number, attempt_token, settings)
+    if not tasks:
+        return {"slice": slice_number, "tasks": 0, "results": []}
 
     spark = (
         SparkSession.builder.appName(f"onceflow-{spec.name}-e{epoch_number}-s{slice_number}")
@@ -118,18 +141,7 @@ def run_slice(
     crash_point("slice_after_precommits")
 
     # 6. Judge the outcome.
-    refused = [r for r in results if not r.accepted and r.reason != LOST_TO_ANOTHER_ATTEMPT]
-    for r in results:
-        _log(
-            f"sink {r.sink} task {r.task}: {r.records} records, "
-            + ("pre-committed" if r.accepted else f"not accepted ({r.reason})")
-        )
-    if refused:
-        raise SliceFailed(
-            f"{len(refused)} tasks of slice {slice_number} were refused by the ledger: "
-            + "; ".join(f"{r.sink}/{r.task}: {r.reason}" for r in refused)
-        )
-    return {"slice": slice_number, "tasks": len(tasks), "results": [r.__dict__ for r in results]}
+    return judge(slice_number, len(tasks), results)
 
 
 def _outputs(spark: Any, spec: Pipeline, settings: Settings, output: Any) -> list[tuple[SinkSpec, Any]]:

@@ -126,6 +126,7 @@ def _commit_participants(ledger: Ledger, epoch: Epoch, committers: Mapping[str, 
         if i:
             crash_point("between_commits")
         _call(epoch, sink, "commit", committers[sink].commit, committables)
+        crash_point("participant_committed")
         done += ledger.mark_committed(epoch.pipeline, epoch.number, sink)
     return done
 

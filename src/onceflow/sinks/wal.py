@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from onceflow.faults import crash_point
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import (
     PgTableConfig,
@@ -91,14 +92,15 @@ class WalWriter(StagedFileWriter):
 
 
 class WalCommitter:
-    """Pushes each log into the table, then deletes it. ``crash_hook("wal.pushed")`` runs in between."""
+    """Pushes each log into the table, then deletes it. ``crash_hook("wal.pushed")`` runs in between
+    (by default `onceflow.faults.crash_point`, inert unless a fault test arms it)."""
 
     def __init__(
         self, config: WalConfig | Mapping[str, Any], crash_hook: Callable[[str], None] | None = None
     ) -> None:
         self.config = _as_config(config)
         self._area = StagingArea(Path(self.config.root))
-        self._hook = crash_hook or (lambda step: None)
+        self._hook = crash_hook or crash_point
 
     def commit(self, committables: Sequence[Committable]) -> None:
         """A missing log counts as pushed: it is deleted only after a push (the at-least-once side)."""

@@ -44,3 +44,36 @@ def enrich(frame):  # type: ignore[no-untyped-def]
 
 
 ORDERS = orders_pipeline()
+
+
+def replicate_pipeline() -> Pipeline:
+    """Decoded records straight to PostgreSQL (2PC) and Parquet: no transform, so it can run locally."""
+    name = os.environ.get("ONCEFLOW_TEST_PIPELINE", "engine-test")
+    return Pipeline(
+        name=f"{name}-replica",
+        source=KafkaSource(topics=(os.environ.get("ONCEFLOW_TEST_TOPIC", "engine-test"),)),
+        format=JsonFormat(schema={"id": "int", "amount": "float", "customer": "string"}),
+        sinks=(
+            SinkSpec(
+                "replica_pg",
+                "postgres_2pc",
+                {
+                    "table": os.environ.get("ONCEFLOW_TEST_TABLE", "engine_test_orders"),
+                    "columns": {"id": "bigint", "amount": "double precision", "customer": "text"},
+                },
+            ),
+            SinkSpec(
+                "replica_files",
+                "files",
+                {
+                    "root": os.environ.get("ONCEFLOW_TEST_FILES", "/tmp/onceflow-engine-test"),
+                    "table": "replica",
+                },
+            ),
+        ),
+        slices=2,
+        max_records_per_task=7,
+    )
+
+
+REPLICATE = replicate_pipeline()

@@ -1,0 +1,39 @@
+"""The local executor: the same protocol and sinks as the Spark job, in one process, without a JVM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onceflow.config import Settings
+from onceflow.engine.runner import run_epoch
+from onceflow.errors import ConfigError
+from onceflow.ledger import EpochStatus, Ledger
+from onceflow.sinks.files import read_committed_table
+from tests.integration.engine.data import ORDERS, orders, pg_ids, produce
+
+pytestmark = pytest.mark.integration
+
+REPLICATE = "tests.integration.engine.pipelines:REPLICATE"
+
+
+def test_a_pipeline_without_transform_runs_locally_with_dead_letters_and_two_sinks(
+    stack, settings, pg_connect
+) -> None:
+    first = orders(0, 30)
+    produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], first, abort=orders(500, 4), bad=[b"{"])
+    outcome = run_epoch(REPLICATE, Settings.from_env(), executor="local")
+    assert outcome.epoch.status == EpochStatus.COMMITTED
+    ids = sorted(o["id"] for o in first)
+    assert pg_ids(pg_connect, stack["ONCEFLOW_TEST_TABLE"]) == ids
+    files = read_committed_table(Path(stack["ONCEFLOW_TEST_FILES"]), "replica")
+    assert sorted(files.column("id").to_pylist()) == ids
+    with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
+        letters = ledger.dead_letters(outcome.epoch.pipeline)
+    assert [d.letter.reason.split(":")[0] for d in letters] == ["malformed_json"]
+
+
+def test_a_pipeline_with_a_transform_is_refused_by_the_local_executor(stack) -> None:
+    with pytest.raises(ConfigError, match="run on Spark"):
+        run_epoch(ORDERS, Settings.from_env(), executor="local")
