@@ -8,12 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from onceflow.errors import ConfigError
 from onceflow.offsets import OffsetRange
 from onceflow.sinks.base import Committable
 from onceflow.sinks.errors import RowError, SinkError, StagedOutputCorrupt
 from onceflow.sinks.kafka import (
+    KafkaSinkConfig,
     encode_record,
     group_by_slice,
+    json_record,
     read_records,
     slice_until_offsets,
     transactional_id,
@@ -43,6 +46,25 @@ def test_strings_are_utf8_and_bad_rows_are_refused(tmp_path: Path) -> None:
         encode_record({"key": b"k"})
     with pytest.raises(RowError, match="int"):
         encode_record({"value": 5})
+
+
+def test_json_value_format_keys_records_by_a_column_and_checks_its_config() -> None:
+    row = {"id": 7, "_partition": 2, "payload": "é"}
+    assert json_record(row, "_partition") == {
+        "key": "2",
+        "value": '{"_partition": 2, "id": 7, "payload": "é"}',
+    }
+    assert json_record(row, None)["key"] is None
+    with pytest.raises(RowError, match="key_column 'k'"):
+        json_record(row, "k")
+    base = {"topic": "t", "staging_root": "/tmp/s", "bootstrap": "h:1"}
+    assert (
+        KafkaSinkConfig.from_mapping({**base, "value_format": "json", "key_column": "id"}).key_column == "id"
+    )
+    with pytest.raises(ConfigError, match="value_format='xml'"):
+        KafkaSinkConfig.from_mapping({**base, "value_format": "xml"})
+    with pytest.raises(ConfigError, match="key_column: only used with value_format 'json'"):
+        KafkaSinkConfig.from_mapping({**base, "key_column": "id"})
 
 
 def test_a_truncated_file_is_reported(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ class SliceFailed(OnceflowError):
 def sink_columns(sink: SinkSpec) -> list[str] | None:
     """The columns a sink accepts, when its configuration names them (rows must match exactly)."""
     if sink.kind == "kafka":
-        return ["key", "value"]
+        return None if sink.config.get("value_format") == "json" else ["key", "value"]
     columns = sink.config.get("columns")
     if isinstance(columns, Mapping):
         return list(columns)

@@ -15,6 +15,7 @@ has nothing to do. A pipeline with two Kafka sinks must give them distinct ``gro
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 KIND = "kafka"
 RECORDS = "records.bin"
 _LENGTH = struct.Struct(">i")
+VALUE_FORMATS = ("raw", "json")
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,9 @@ class KafkaSinkConfig:
     transaction timeout at plan time), ``partition`` (fixed output partition; default: by key hash),
     ``partitioner`` (librdkafka partitioner for keyed records, default ``murmur2_random`` as in Java
     clients), ``group_id`` (default ``onceflow-{pipeline}``), ``timeout_s`` (per broker operation),
-    ``name`` (the sink name, narrowing ``orphans``)."""
+    ``value_format`` ("raw": rows are exactly ``key`` and ``value``; "json": any row becomes a JSON
+    object, keyed by the text of column ``key_column`` when given), ``name`` (the sink name, narrowing
+    ``orphans``)."""
 
     topic: str
     staging_root: str
@@ -59,6 +63,8 @@ class KafkaSinkConfig:
     partitioner: str = "murmur2_random"
     group_id: str | None = None
     timeout_s: int = 30
+    value_format: str = "raw"
+    key_column: str | None = None
     name: str | None = None
 
     @classmethod
@@ -78,9 +84,17 @@ class KafkaSinkConfig:
             partitioner=reader.string("partitioner", "murmur2_random"),
             group_id=reader.optional_string("group_id"),
             timeout_s=reader.integer("timeout_s", 30, minimum=1),
+            value_format=reader.string("value_format", "raw"),
+            key_column=reader.optional_string("key_column"),
             name=reader.optional_string("name"),
         )
         reader.finish()
+        if parsed.value_format not in VALUE_FORMATS:
+            raise ConfigError(
+                f"{KIND} sink config value_format={parsed.value_format!r}: expected {VALUE_FORMATS}"
+            )
+        if parsed.key_column is not None and parsed.value_format != "json":
+            raise ConfigError(f"{KIND} sink config key_column: only used with value_format 'json'")
         return parsed
 
     def group_for(self, pipeline: str) -> str:
@@ -106,6 +120,16 @@ def _as_bytes(value: Any, what: str) -> bytes:
     if isinstance(value, str):
         return value.encode()
     raise RowError(f"{KIND} sink: {what} must be bytes or str, got {type(value).__name__}")
+
+
+def json_record(row: Row, key_column: str | None) -> Row:
+    """A row as a {key, value} record: its columns as a JSON object, keyed by one column's text."""
+    if not isinstance(row, Mapping):
+        raise RowError(f"{KIND} sink: a row must be a mapping, not {type(row).__name__}")
+    if key_column is not None and key_column not in row:
+        raise RowError(f"{KIND} sink: key_column {key_column!r} is not among the row's columns {sorted(row)}")
+    key = None if key_column is None or row[key_column] is None else str(row[key_column])
+    return {"key": key, "value": json.dumps(dict(row), sort_keys=True, ensure_ascii=False, default=str)}
 
 
 def encode_record(row: Row) -> bytes:
@@ -181,8 +205,9 @@ class KafkaWriter(StagedFileWriter):
 
     def write(self, rows: Iterable[Row]) -> None:
         out = self._out()
+        as_json = self.config.value_format == "json"
         for row in rows:
-            out.write(encode_record(row))
+            out.write(encode_record(json_record(row, self.config.key_column) if as_json else row))
             self._count += 1
 
     def pre_commit(self) -> Committable:
