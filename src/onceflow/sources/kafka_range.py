@@ -25,7 +25,7 @@ def read_range(
     offset_range: OffsetRange,
     *,
     batch_size: int = 500,
-    poll_timeout_s: float = 1.0,
+    poll_timeout_s: float = 0.1,
     stall_timeout_s: float = 60.0,
     config: Mapping[str, Any] | None = None,
 ) -> Iterator[KafkaRecord]:
@@ -60,7 +60,10 @@ def read_range(
         stalled_s = 0.0
         while True:
             started = time.monotonic()
-            messages = consumer.consume(num_messages=batch_size, timeout=poll_timeout_s)
+            # Never ask for more records than offsets remain: the call then returns as soon as they are
+            # fetched, instead of waiting out its timeout at the end of every range.
+            wanted = max(1, min(batch_size, until - max(position, offset_range.from_offset)))
+            messages = consumer.consume(num_messages=wanted, timeout=poll_timeout_s)
             polled_s = time.monotonic() - started
             reached_end = False
             delivered = False

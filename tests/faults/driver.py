@@ -1,0 +1,122 @@
+"""One step of a fault scenario in its own process, so that a crash point can SIGKILL it for real.
+
+    python -m tests.faults.driver epoch PIPELINE [--executor local|spark] [--max-records N]
+    python -m tests.faults.driver socket-epoch PIPELINE --feed HOST:PORT --count N
+    python -m tests.faults.driver recover PIPELINE
+    python -m tests.faults.driver abort PIPELINE
+
+Prints one JSON line describing the outcome. Exit 0: done; 1: the epoch failed and was aborted; 2: an
+error; -9 (SIGKILL): a crash point fired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from typing import Any
+
+from onceflow.config import Settings
+from onceflow.engine.runner import ProcessFailed, run_epoch
+from onceflow.engine.sinks import committers_for
+from onceflow.engine.slice_job import judge
+from onceflow.engine.task_io import EpochRef, write_task
+from onceflow.errors import OnceflowError
+from onceflow.faults import crash_point
+from onceflow.ledger import Ledger
+from onceflow.offsets import OffsetRange
+from onceflow.pipeline import load_pipeline
+from tests.faults.pipelines import SOCKET_TOPIC
+from tests.faults.socket_feed import read_feed
+
+
+def epoch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    outcome = run_epoch(
+        args.pipeline, settings, executor=args.executor, max_records_per_partition=args.max_records
+    )
+    return {
+        "epoch": outcome.epoch.number,
+        "status": str(outcome.epoch.status),
+        "span": outcome.planned.plan.span,
+        "backlog": outcome.planned.plan.backlog,
+    }
+
+
+def socket_epoch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """recover -> plan -> read from the feed -> stage in every sink -> commit, for a non-replayable source.
+
+    The plan records the positions the epoch consumes; a replay plans them again but can only read what
+    the feed still has, which is how a socket source loses a crashed epoch's records.
+    """
+    spec = load_pipeline(args.pipeline)
+    committers = committers_for(spec)
+    with Ledger.connect(settings.ledger_url) as ledger:
+        ledger.recover(spec.name, committers)
+        position = ledger.committed_offsets(spec.name).get((SOCKET_TOPIC, 0), 0)
+        ranges = (OffsetRange(SOCKET_TOPIC, 0, position, position + args.count),)
+        planned = ledger.plan_epoch(spec.name, ranges, [(sink.name, "s0-t0") for sink in spec.sinks])
+        crash_point("after_plan")
+        rows = [{"id": r["id"], "payload": r["payload"]} for r in read_feed(args.feed, args.count)]
+        ref = EpochRef(
+            spec,
+            planned.number,
+            planned.attempt_token,
+            0,
+            ranges,
+            settings.kafka_bootstrap,
+            settings.ledger_url,
+        )
+        attempt = f"socket-{uuid.uuid4().hex[:12]}"
+        judge(0, 1, [write_task(ref, sink, "s0-t0", attempt, iter(rows)) for sink in spec.sinks])
+        crash_point("slice_after_precommits")
+        done = ledger.commit_epoch(spec.name, planned.number, committers)
+    return {"epoch": done.number, "status": str(done.status), "span": len(rows), "backlog": 0}
+
+
+def abort(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """Abort the epoch in flight, as `onceflow abort` or a cleared abort task does."""
+    spec = load_pipeline(args.pipeline)
+    with Ledger.connect(settings.ledger_url) as ledger:
+        in_flight = ledger.open_epoch(spec.name)
+        if in_flight is None:
+            return {"aborted": None}
+        done = ledger.abort_epoch(spec.name, in_flight.number, committers_for(spec), reason="fault harness")
+    return {"aborted": done.number, "status": str(done.status)}
+
+
+def recover(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    spec = load_pipeline(args.pipeline)
+    with Ledger.connect(settings.ledger_url) as ledger:
+        report = ledger.recover(spec.name, committers_for(spec))
+    return {"recovered": report.summary()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.driver")
+    sub = parser.add_subparsers(dest="step", required=True)
+    run = sub.add_parser("epoch")
+    run.add_argument("pipeline")
+    run.add_argument("--executor", choices=("local", "spark"), default="local")
+    run.add_argument("--max-records", type=int, default=None)
+    sock = sub.add_parser("socket-epoch")
+    sock.add_argument("pipeline")
+    sock.add_argument("--feed", required=True)
+    sock.add_argument("--count", type=int, required=True)
+    for name in ("recover", "abort"):
+        sub.add_parser(name).add_argument("pipeline")
+    args = parser.parse_args(argv)
+    steps = {"epoch": epoch, "socket-epoch": socket_epoch, "recover": recover, "abort": abort}
+    try:
+        print(json.dumps(steps[args.step](args, Settings.from_env())), flush=True)
+    except ProcessFailed as exc:
+        print(json.dumps({"failed": str(exc)[:2000]}), flush=True)
+        return 1
+    except OnceflowError as exc:
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"[:2000]}), flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

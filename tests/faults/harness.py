@@ -1,0 +1,485 @@
+"""The fault-injection harness: real pipelines, real services, real SIGKILLs, invariants from outputs.
+
+A `Scenario` is one pipeline on fresh topics, tables and folders. Each step of the protocol runs in its
+own process (`tests.faults.driver`), armed with at most one crash point, so a crash kills exactly what
+a power cut would. After each fault the harness runs recovery, catches the pipeline up, and checks the
+invariants (`tests.faults.invariants`).
+
+Three ways to use it: the named fault matrix (every crash point once), a seeded random schedule of
+faults (reproducible from its seed), and the consistency table of the seeds (sink kind x source kind,
+observed under one fault schedule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onceflow.config import Settings
+from onceflow.faults import CRASH_AT_ENV, CRASH_SKIP_ENV, CRASH_STATE_ENV, crashed
+from onceflow.ledger import Ledger
+from onceflow.pipeline import Pipeline
+from tests.faults import invariants
+from tests.faults.pipelines import records_pipeline, table_pipeline
+from tests.faults.socket_feed import SocketFeed
+from tests.faults.workload import BAD_INPUT, Workload
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDS = "tests.faults.pipelines:RECORDS"
+TABLE = "tests.faults.pipelines:TABLE"
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A crash point, and how many of its hits to let pass first (the timing of the fault)."""
+
+    point: str
+    skip: int = 0
+
+    def __str__(self) -> str:
+        return self.point if not self.skip else f"{self.point}+{self.skip}"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A named fault: protocol steps run in order, each armed with at most one crash."""
+
+    name: str
+    steps: tuple[tuple[str, Crash | None], ...]
+
+
+def _epoch_fault(point: str, skip: int = 0) -> Fault:
+    return Fault(point, (("epoch", Crash(point, skip)),))
+
+
+# Crash points that fire while one epoch runs, with the largest skip that still fires for the records
+# pipeline (two slices, several tasks each, three sinks).
+EPOCH_POINTS: dict[str, int] = {
+    "after_plan": 0,
+    "task_mid_read": 2,
+    "task_after_stage": 5,
+    "task_after_precommit": 5,
+    "slice_after_precommits": 1,
+    "before_decision": 0,
+    "after_decision": 0,
+    "participant_committed": 2,
+    "between_commits": 1,
+    "before_finish": 0,
+    "kafka.produced": 1,
+    "kafka.offsets_sent": 1,
+    "kafka.committed": 1,
+}
+
+
+def named_fault(name: str, skip: int = 0) -> Fault:
+    """The fault called ``name``: an epoch crash point, or one of the two-crash sequences."""
+    if name == "during_abort":  # the coordinator dies undecided; an operator's abort dies midway
+        return Fault(name, (("epoch", Crash("before_decision")), ("abort", Crash("during_abort"))))
+    if name == "during_recover":  # the coordinator dies decided; the first recovery dies midway
+        return Fault(name, (("epoch", Crash("after_decision")), ("recover", Crash("during_recover"))))
+    return _epoch_fault(name, skip)
+
+
+FAULT_NAMES: tuple[str, ...] = (*EPOCH_POINTS, "during_abort", "during_recover")
+
+
+@dataclass
+class StepOutcome:
+    step: str
+    crash: Crash | None
+    returncode: int
+    crashed: bool
+    output: dict[str, Any]
+    stderr: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "crash": str(self.crash) if self.crash else None,
+            "returncode": self.returncode,
+            "crashed": self.crashed,
+            "output": self.output,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+class HarnessError(AssertionError):
+    """The harness itself could not drive the scenario (a step failed that must not fail)."""
+
+
+class Scenario:
+    """One pipeline on fresh names; every protocol step runs in a child process."""
+
+    def __init__(
+        self,
+        pipeline: str,
+        root: Path,
+        settings: Settings,
+        *,
+        partitions: int = 3,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.id = uuid.uuid4().hex[:8]
+        self.pipeline = pipeline
+        self.root = root / self.id
+        self.root.mkdir(parents=True)
+        self.settings = settings
+        self.partitions = partitions
+        self._crashes = 0
+        base = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_CRASH")}
+        self.env: dict[str, str] = {
+            **base,
+            "ONCEFLOW_FAULTS_NAME": f"faults-{self.id}",
+            "ONCEFLOW_FAULTS_TOPIC": f"faults-in-{self.id}",
+            "ONCEFLOW_FAULTS_OUT_TOPIC": f"faults-out-{self.id}",
+            "ONCEFLOW_FAULTS_TABLE": f"faults_{self.id}",
+            "ONCEFLOW_FAULTS_ROOT": str(self.root),
+            "ONCEFLOW_HOME": str(self.root / "home"),
+            "ONCEFLOW_LEDGER_URL": f"sqlite:///{self.root / 'ledger.db'}",
+            "ONCEFLOW_SPARK_MASTER": "local[2,3]",
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(REPO), *sys.path])),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            **(env or {}),
+        }
+        builder = table_pipeline if pipeline == TABLE else records_pipeline
+        self.spec: Pipeline = builder(self.env)
+        with Ledger.connect(self.env["ONCEFLOW_LEDGER_URL"], check=False) as ledger:
+            ledger.upgrade()
+        self.workload = Workload(self.env["ONCEFLOW_FAULTS_TOPIC"], partitions)
+
+    # ------------------------------------------------------------------------------------ resources
+
+    def create_topics(self) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
+        topics = [NewTopic(self.env["ONCEFLOW_FAULTS_TOPIC"], num_partitions=self.partitions)]
+        if self.pipeline == RECORDS:
+            topics.append(NewTopic(self.env["ONCEFLOW_FAULTS_OUT_TOPIC"], num_partitions=2))
+        for future in admin.create_topics(topics).values():
+            future.result(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # metadata reaches clients a moment after creation
+            listed = admin.list_topics(timeout=10).topics
+            if all(t.topic in listed and not listed[t.topic].error for t in topics):
+                return
+            time.sleep(0.2)
+        raise HarnessError(f"topics {[t.topic for t in topics]} have no leaders after 30 s")
+
+    def drop(self, pg: Any) -> None:
+        """Delete the scenario's topics and tables (its folder stays, for post-mortems)."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
+        topics = [self.env["ONCEFLOW_FAULTS_TOPIC"], self.env["ONCEFLOW_FAULTS_OUT_TOPIC"]]
+        for future in admin.delete_topics(topics).values():
+            with contextlib.suppress(Exception):  # a topic the scenario never created
+                future.result(30)
+        for sink in self.spec.sinks:
+            if "table" in sink.config and sink.kind != "files":
+                pg.execute(f"DROP TABLE IF EXISTS {sink.config['table']}")
+
+    # ----------------------------------------------------------------------------------------- steps
+
+    def run(self, step: str, crash: Crash | None = None, *extra: str) -> StepOutcome:
+        """Run one driver step in a child process, armed with ``crash``."""
+        env = dict(self.env)
+        state = self.root / f"crash-{self._crashes}"
+        if crash is not None:
+            self._crashes += 1
+            env.update(
+                {CRASH_AT_ENV: crash.point, CRASH_STATE_ENV: str(state), CRASH_SKIP_ENV: str(crash.skip)}
+            )
+        command = [sys.executable, "-m", "tests.faults.driver", step, self.pipeline, *extra]
+        started = time.monotonic()
+        done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        return StepOutcome(
+            step=step,
+            crash=crash,
+            returncode=done.returncode,
+            crashed=crash is not None and crashed(state, crash.point),
+            output=json.loads(lines[-1]) if lines else {},
+            stderr=done.stderr[-4000:],
+            seconds=time.monotonic() - started,
+        )
+
+    def epoch(self, executor: str, crash: Crash | None = None) -> StepOutcome:
+        return self.run("epoch", crash, "--executor", executor)
+
+    def must(self, outcome: StepOutcome) -> StepOutcome:
+        if outcome.returncode != 0:
+            raise HarnessError(
+                f"{outcome.step} exited {outcome.returncode}: {outcome.output}\n{outcome.stderr}"
+            )
+        return outcome
+
+    def inject(self, fault: Fault, executor: str) -> list[StepOutcome]:
+        """Run the fault's steps, then the recovery that any restart begins with."""
+        outcomes = []
+        for step, crash in fault.steps:
+            extra = ("--executor", executor) if step == "epoch" else ()
+            outcomes.append(self.run(step, crash, *extra))
+        outcomes.append(self.must(self.run("recover")))
+        return outcomes
+
+    def catch_up(self, executor: str, limit: int = 30) -> int:
+        """Run clean epochs until one finds nothing left to read; returns how many ran."""
+        for count in range(1, limit + 1):
+            out = self.must(self.epoch(executor)).output
+            if out.get("span") == 0 and out.get("backlog") == 0:
+                return count
+        raise HarnessError(f"{self.spec.name} did not catch up in {limit} epochs")
+
+    def verdict(self, pg: Any) -> invariants.Verdict:
+        with Ledger.connect(self.env["ONCEFLOW_LEDGER_URL"]) as ledger:
+            return invariants.check_records(
+                self.spec, ledger, pg, self.root, self.workload, self.settings.kafka_bootstrap
+            )
+
+
+# ---------------------------------------------------------------------------------------- fault runs
+
+
+@dataclass
+class FaultRecord:
+    """One injected fault of a run, for the report."""
+
+    number: int
+    fault: str
+    crash: str
+    produced: int
+    steps: list[StepOutcome]
+    fired: bool
+    verdict: invariants.Verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "fault": self.fault,
+            "crash": self.crash,
+            "produced": self.produced,
+            "fired": self.fired,
+            "steps": [s.to_dict() for s in self.steps],
+            **self.verdict.to_dict(),
+        }
+
+
+@dataclass
+class FaultRun:
+    seed: int | None
+    executor: str
+    records: list[FaultRecord] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"fault {r.number} ({r.crash}): {v}" for r in self.records for v in r.verdict.violations]
+
+    @property
+    def not_fired(self) -> list[str]:
+        return [f"fault {r.number} ({r.crash})" for r in self.records if not r.fired]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "executor": self.executor,
+            "faults": len(self.records),
+            "fired": sum(r.fired for r in self.records),
+            "violations": self.violations,
+            "seconds": round(self.seconds, 1),
+            "records": [r.to_dict() for r in self.records],
+        }
+
+
+def random_schedule(seed: int, count: int) -> list[tuple[Fault, int, int, tuple[str, ...]]]:
+    """``count`` faults chosen from the seed: (fault, good records, aborted records, bad records)."""
+    rng = random.Random(seed)
+    schedule = []
+    for _ in range(count):
+        name = rng.choice(FAULT_NAMES)
+        skip = rng.randint(0, EPOCH_POINTS.get(name, 0))
+        bad = tuple(rng.sample(sorted(BAD_INPUT), rng.randint(0, 2)))
+        schedule.append((named_fault(name, skip), rng.randint(20, 60), rng.randint(0, 4), bad))
+    return schedule
+
+
+def run_faults(
+    scenario: Scenario,
+    pg: Any,
+    faults: Sequence[tuple[Fault, int, int, tuple[str, ...]]],
+    *,
+    executor: str,
+    seed: int | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> FaultRun:
+    """Inject each fault in turn on one pipeline, recover, catch up and check every invariant."""
+    run = FaultRun(seed, executor)
+    started = time.monotonic()
+    for number, (fault, good, aborted, bad) in enumerate(faults, 1):
+        scenario.workload.produce(scenario.settings.kafka_bootstrap, good, aborted=aborted, bad=bad)
+        steps = scenario.inject(fault, executor)
+        scenario.catch_up(executor)
+        crashes = [s for s in steps if s.crash is not None]
+        record = FaultRecord(
+            number=number,
+            fault=fault.name,
+            crash=" then ".join(str(s.crash) for s in crashes),
+            produced=good,
+            steps=steps,
+            fired=all(s.crashed for s in crashes),
+            verdict=scenario.verdict(pg),
+        )
+        run.records.append(record)
+        status = (
+            "ok" if not record.verdict.violations else "VIOLATED: " + "; ".join(record.verdict.violations)
+        )
+        progress(f"fault {number}/{len(faults)} {record.crash}: fired={record.fired} {status}")
+    run.seconds = time.monotonic() - started
+    return run
+
+
+# ------------------------------------------------------------------------------- consistency table
+
+SINK_ROWS = {
+    "plain": "any sink (plain)",
+    "idempotent": "idempotent sink",
+    "wal": "write-ahead-log sink",
+    "two_phase": "two-phase commit sink",
+}
+SOURCES = {"socket": "non-replayable source (socket)", "kafka": "replayable source (Kafka)"}
+# The seeds' summary table, which the observed one must equal.
+SEEDS_TABLE = {
+    "plain": {"socket": "at-most-once", "kafka": "at-least-once"},
+    "idempotent": {"socket": "at-most-once", "kafka": "exactly-once"},
+    "wal": {"socket": "at-most-once", "kafka": "at-least-once"},
+    "two_phase": {"socket": "at-most-once", "kafka": "exactly-once"},
+}
+# One fault schedule for every cell: one epoch per entry, each with its crash, then recovery.
+TABLE_SCHEDULE: tuple[Crash, ...] = (
+    Crash("task_mid_read"),
+    Crash("task_after_stage", 3),
+    Crash("before_decision"),
+    Crash("wal.pushed"),
+    Crash("participant_committed", 1),
+    Crash("after_decision"),
+    Crash("before_finish"),
+)
+TABLE_EPOCH = 30  # records per epoch
+
+
+def observe_table(scenario: Scenario, pg: Any, expected: set[int]) -> dict[str, invariants.SinkTally]:
+    return {
+        sink.name: invariants.tally(sink.name, expected, invariants.pg_ids(pg, sink.config["table"]))
+        for sink in scenario.spec.sinks
+    }
+
+
+def table_column_kafka(scenario: Scenario, pg: Any, schedule: Sequence[Crash]) -> dict[str, Any]:
+    scenario.create_topics()
+    scenario.workload.produce(scenario.settings.kafka_bootstrap, TABLE_EPOCH * (len(schedule) + 1))
+    fired = []
+    for crash in schedule:
+        outcome = scenario.epoch("local", crash)
+        fired.append(outcome.crashed)
+        scenario.must(scenario.run("recover"))
+    scenario.catch_up("local")
+    return {"tallies": observe_table(scenario, pg, set(scenario.workload.good)), "fired": fired}
+
+
+def table_column_socket(scenario: Scenario, pg: Any, schedule: Sequence[Crash]) -> dict[str, Any]:
+    records = [{"id": i, "payload": f"p{i}"} for i in range(TABLE_EPOCH * (len(schedule) + 1))]
+    feed = SocketFeed(records)
+    args = ("--feed", feed.address, "--count", str(TABLE_EPOCH))
+    fired = []
+    try:
+        for crash in schedule:
+            fired.append(scenario.run("socket-epoch", crash, *args).crashed)
+            scenario.must(scenario.run("recover"))
+        while feed.remaining:
+            scenario.must(scenario.run("socket-epoch", None, *args))
+    finally:
+        feed.close()
+    return {"tallies": observe_table(scenario, pg, {r["id"] for r in records}), "fired": fired}
+
+
+def consistency_table(
+    root: Path, settings: Settings, pg: Any, schedule: Sequence[Crash] = TABLE_SCHEDULE
+) -> dict[str, Any]:
+    """Every cell of the seeds' table, observed: {sink: {source: tally}}, plus which crashes fired."""
+    columns: dict[str, dict[str, Any]] = {}
+    for source, run_column in (("socket", table_column_socket), ("kafka", table_column_kafka)):
+        env = {"ONCEFLOW_FAULTS_MAX_RECORDS": str(TABLE_EPOCH // 3)}
+        scenario = Scenario(TABLE, root, settings, env=env)
+        try:
+            columns[source] = run_column(scenario, pg, schedule)
+        finally:
+            scenario.drop(pg)
+    cells = {sink: {source: columns[source]["tallies"][sink] for source in SOURCES} for sink in SINK_ROWS}
+    return {
+        "schedule": [str(c) for c in schedule],
+        "fired": {source: columns[source]["fired"] for source in SOURCES},
+        "cells": cells,
+    }
+
+
+def observed_table(table: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    return {sink: {src: t.guarantee for src, t in row.items()} for sink, row in table["cells"].items()}
+
+
+# ------------------------------------------------------------------------------------------ reports
+
+
+def table_markdown(table: Mapping[str, Any]) -> str:
+    lines = [
+        f"| sink | {' | '.join(SOURCES.values())} |",
+        "| --- | --- | --- |",
+    ]
+    for sink, row in table["cells"].items():
+        cells = [
+            f"{t.guarantee} (lost {t.lost}, duplicated {t.duplicates} of {t.expected})"
+            for t in (row[source] for source in SOURCES)
+        ]
+        lines.append(f"| {SINK_ROWS[sink]} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def run_markdown(run: FaultRun) -> str:
+    lines = [
+        f"Seed {run.seed}, executor {run.executor}: {len(run.records)} faults, "
+        f"{sum(r.fired for r in run.records)} fired, {len(run.violations)} violations, {run.seconds:.0f} s.",
+        "",
+        "| # | fault | produced | exits | pg | files | kafka | invariants |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in run.records:
+        exits = ", ".join(f"{s.step}:{s.returncode}" for s in r.steps)
+        tallies = {t.sink: t for t in r.verdict.tallies}
+        counts = [
+            f"{tallies[s].delivered}/{tallies[s].expected}" if s in tallies else "-"
+            for s in ("pg", "files", "kafka")
+        ]
+        verdict = "ok" if not r.verdict.violations else "; ".join(r.verdict.violations)
+        lines.append(
+            f"| {r.number} | {r.crash} | {r.produced} | {exits} | {' | '.join(counts)} | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def write_report(out: Path, name: str, data: Mapping[str, Any], markdown: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
+    path = out / f"{name}.md"
+    path.write_text(markdown + "\n")
+    return path

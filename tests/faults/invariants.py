@@ -1,0 +1,165 @@
+"""The invariants every scenario must leave standing, checked from the real outputs.
+
+Outputs are read the way a downstream user reads them: PostgreSQL tables with plain SELECTs (only
+committed rows are visible), Parquet tables through their commit log, the Kafka output topic with a
+read_committed consumer. Protocol leftovers are looked for where they would hide: prepared
+transactions, staging folders, an epoch in flight.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onceflow.ledger import EpochStatus, Ledger
+from onceflow.offsets import OffsetRange
+from onceflow.pipeline import KafkaSource, Pipeline
+from onceflow.sinks.files import read_committed_table
+from onceflow.sinks.kafka import KafkaCommitter
+from onceflow.sources.kafka_metadata import KafkaMetadata
+from onceflow.sources.kafka_range import read_range
+
+
+@dataclass
+class SinkTally:
+    """What one sink holds compared with what it should: the numbers behind a guarantee."""
+
+    sink: str
+    expected: int
+    delivered: int = 0  # expected ids present at least once
+    lost: int = 0
+    duplicates: int = 0  # extra copies of expected ids
+    unexpected: int = 0  # ids that should never appear (aborted records)
+
+    @property
+    def guarantee(self) -> str:
+        """As the seeds define it: anything lost is at-most-once; duplicates alone at-least-once."""
+        if self.lost:
+            return "at-most-once"
+        return "at-least-once" if self.duplicates else "exactly-once"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "guarantee": self.guarantee}
+
+
+def tally(sink: str, expected: set[int], observed: list[int]) -> SinkTally:
+    counts = Counter(observed)
+    return SinkTally(
+        sink=sink,
+        expected=len(expected),
+        delivered=len(expected & counts.keys()),
+        lost=len(expected - counts.keys()),
+        duplicates=sum(n - 1 for i, n in counts.items() if i in expected and n > 1),
+        unexpected=sum(n for i, n in counts.items() if i not in expected),
+    )
+
+
+def pg_ids(pg: Any, table: str) -> list[int]:
+    exists = pg.execute("SELECT to_regclass(%s)", [table]).fetchone()[0]
+    if exists is None:
+        return []
+    return [row[0] for row in pg.execute(f"SELECT id FROM {table}").fetchall()]
+
+
+def kafka_records(bootstrap: str, topic: str) -> list[tuple[int, dict[str, Any]]]:
+    """Every committed record of ``topic`` as (output partition, JSON value), in offset order."""
+    with KafkaMetadata(bootstrap) as metadata:
+        plan = metadata.plan(KafkaSource(topics=(topic,)), {}, max_records_per_partition=10**9)
+    found = []
+    for r in plan.ranges:
+        for record in read_range(bootstrap, OffsetRange(r.topic, r.partition, 0, r.until_offset)):
+            found.append((record.partition, json.loads(record.value or b"null")))
+    return found
+
+
+def order_violations(records: list[tuple[int, dict[str, Any]]]) -> list[str]:
+    """Within each output partition, each source partition's records must keep their offset order."""
+    last: dict[tuple[int, int], int] = {}
+    problems = []
+    for out_partition, value in records:
+        key = (out_partition, int(value["_partition"]))
+        offset = int(value["_offset"])
+        if key in last and offset <= last[key]:
+            problems.append(
+                f"kafka output partition {out_partition}: source partition {key[1]} offset "
+                f"{offset} after {last[key]}"
+            )
+        last[key] = offset
+    return problems
+
+
+@dataclass
+class Verdict:
+    tallies: list[SinkTally] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tallies": [t.to_dict() for t in self.tallies], "violations": self.violations}
+
+
+def check_protocol_clean(spec: Pipeline, ledger: Ledger, pg: Any, root: Path) -> list[str]:
+    """No epoch in flight, committed offsets contiguous, nothing prepared or staged."""
+    problems = []
+    if (open_epoch := ledger.open_epoch(spec.name)) is not None:
+        problems.append(f"{open_epoch} is still in flight after recovery")
+    position: dict[tuple[str, int], int] = {}
+    for epoch in ledger.epochs(spec.name):
+        if epoch.status is not EpochStatus.COMMITTED:
+            continue
+        for r in epoch.ranges:
+            key = (r.topic, r.partition)
+            if key in position and r.from_offset != position[key]:
+                problems.append(f"epoch {epoch.number} starts {r} at {r.from_offset}, not at {position[key]}")
+            position[key] = r.until_offset
+    prepared = pg.execute(
+        "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", [f"onceflow:{spec.name}:%"]
+    ).fetchall()
+    if prepared:
+        problems.append(f"prepared transactions left: {[g for (g,) in prepared]}")
+    staged = sorted(str(p.relative_to(root)) for p in root.glob("**/_staging/**/*") if p.is_file())
+    if staged:
+        problems.append(f"staging left: {staged[:5]}")
+    return problems
+
+
+def check_records(
+    spec: Pipeline, ledger: Ledger, pg: Any, root: Path, workload: Any, bootstrap: str
+) -> Verdict:
+    """The records pipeline: each good record once in PostgreSQL, the files and Kafka; the rest."""
+    expected = set(workload.good)
+    sinks = {s.name: s for s in spec.sinks}
+    kafka_out = kafka_records(bootstrap, sinks["kafka"].config["topic"])
+    files = read_committed_table(root / "files", "records")
+    observed = {
+        "pg": pg_ids(pg, sinks["pg"].config["table"]),
+        "files": files.column("id").to_pylist() if files.num_columns else [],
+        "kafka": [int(value["id"]) for _, value in kafka_out],
+    }
+    verdict = Verdict([tally(name, expected, ids) for name, ids in observed.items()])
+    for t in verdict.tallies:
+        if (t.lost, t.duplicates, t.unexpected) != (0, 0, 0):
+            verdict.violations.append(
+                f"sink {t.sink}: {t.lost} lost, {t.duplicates} duplicated, "
+                f"{t.unexpected} that must not be there"
+            )
+    verdict.violations += order_violations(kafka_out)
+    verdict.violations += check_protocol_clean(spec, ledger, pg, root)
+    # The Kafka sink's consumer group stands where the ledger's committed position does.
+    committed = ledger.committed_offsets(spec.name)
+    group = KafkaCommitter({**sinks["kafka"].config, "name": "kafka"}).committed_offsets(spec.name, committed)
+    behind = {tp: (group.get(tp), pos) for tp, pos in committed.items() if pos > 0 and group.get(tp) != pos}
+    if behind:
+        verdict.violations.append(f"Kafka sink group offsets differ from the ledger: {behind}")
+    # Every bad record is a dead letter with its reason, at its own position, once.
+    stored = [(d.letter.partition, d.letter.offset, d.letter.code) for d in ledger.dead_letters(spec.name)]
+    letters = {(partition, offset): code for partition, offset, code in stored}
+    if len(letters) != len(stored):
+        verdict.violations.append(f"{len(stored) - len(letters)} dead letters are recorded twice")
+    if letters != workload.bad:
+        verdict.violations.append(
+            f"dead letters {sorted(letters.items())} != bad input {sorted(workload.bad.items())}"
+        )
+    return verdict

@@ -1,0 +1,92 @@
+"""The pipelines the fault harness runs, named from environment variables so that every scenario (and
+the spark-submit or driver processes it starts, which import this module by its dotted path) works on
+its own fresh topics, tables and folders."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+
+# The record every workload produces: its id, a payload, and its Kafka key in column "k".
+FORMAT = JsonFormat(schema={"id": "int", "payload": "string"}, key_field="k")
+MAX_RECORD_BYTES = 2048
+SOCKET_TOPIC = "socket"
+
+
+def _reader(env: Mapping[str, str] | None) -> Callable[[str, str], str]:
+    source = os.environ if env is None else env
+    return lambda name, default: source.get(f"ONCEFLOW_FAULTS_{name}", default)
+
+
+def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
+    """Every record to PostgreSQL (two-phase commit), Parquet files and a Kafka topic (transactions)."""
+    _env = _reader(env)
+    root = Path(_env("ROOT", "/tmp/onceflow-faults"))
+    return Pipeline(
+        name=_env("NAME", "faults"),
+        source=KafkaSource(topics=(_env("TOPIC", "faults-in"),)),
+        format=FORMAT,
+        sinks=(
+            SinkSpec(
+                "pg",
+                "postgres_2pc",
+                {
+                    "table": _env("TABLE", "faults_records"),
+                    "columns": {
+                        "id": "bigint",
+                        "payload": "text",
+                        "_partition": "integer",
+                        "_offset": "bigint",
+                    },
+                },
+            ),
+            SinkSpec("files", "files", {"root": str(root / "files"), "table": "records"}),
+            SinkSpec(
+                "kafka",
+                "kafka",
+                {
+                    "topic": _env("OUT_TOPIC", "faults-out"),
+                    "staging_root": str(root / "kafka"),
+                    "value_format": "json",
+                    "key_column": "_partition",
+                },
+            ),
+        ),
+        slices=int(_env("SLICES", "2")),
+        max_records_per_partition=int(_env("MAX_RECORDS", "100000")),
+        max_records_per_task=int(_env("TASK_RECORDS", "25")),
+        max_record_bytes=MAX_RECORD_BYTES,
+    )
+
+
+def table_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
+    """One sink of each kind of the consistency table, all to PostgreSQL, fed the same records."""
+    _env = _reader(env)
+    root = Path(_env("ROOT", "/tmp/onceflow-faults"))
+    table = _env("TABLE", "faults_table")
+    columns = {"id": "bigint", "payload": "text"}
+    return Pipeline(
+        name=_env("NAME", "faults-table"),
+        source=KafkaSource(topics=(_env("TOPIC", "faults-in"),)),
+        format=FORMAT,
+        guarantee="at_least_once",
+        sinks=(
+            SinkSpec("plain", "plain", {"table": f"{table}_plain", "columns": columns}),
+            SinkSpec(
+                "idempotent",
+                "postgres_upsert",
+                {"table": f"{table}_idempotent", "columns": columns, "key_columns": ["id"]},
+            ),
+            SinkSpec("wal", "wal", {"root": str(root / "wal"), "table": f"{table}_wal", "columns": columns}),
+            SinkSpec("two_phase", "postgres_2pc", {"table": f"{table}_two_phase", "columns": columns}),
+        ),
+        max_records_per_partition=int(_env("MAX_RECORDS", "100000")),
+        max_record_bytes=MAX_RECORD_BYTES,
+    )
+
+
+RECORDS = records_pipeline()
+TABLE = table_pipeline()
