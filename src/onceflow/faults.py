@@ -13,6 +13,11 @@ Variables (all optional except the first):
   recovery that follows then runs through. A file ``crashed-{point}`` there records that the crash
   happened, which tests assert;
 * ``ONCEFLOW_CRASH_SKIP``: how many hits to let pass first (default 0).
+
+A point can also be armed to pause instead of crash, so that a test acts at an exact step (restarts a
+broker, aborts the epoch under a running task): ``ONCEFLOW_PAUSE_AT=point`` and
+``ONCEFLOW_PAUSE_DIR=folder``. The first process to reach the point writes ``paused-{point}`` there and
+waits until the test creates ``resume-{point}`` (at most ten minutes); later hits pass.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from onceflow.errors import ConfigError
@@ -27,6 +33,9 @@ from onceflow.errors import ConfigError
 CRASH_AT_ENV = "ONCEFLOW_CRASH_AT"
 CRASH_STATE_ENV = "ONCEFLOW_CRASH_STATE"
 CRASH_SKIP_ENV = "ONCEFLOW_CRASH_SKIP"
+PAUSE_AT_ENV = "ONCEFLOW_PAUSE_AT"
+PAUSE_DIR_ENV = "ONCEFLOW_PAUSE_DIR"
+PAUSE_LIMIT_S = 600.0
 
 POINTS: dict[str, str] = {
     "after_plan": "the epoch's ranges are in the ledger; no Spark job has started",
@@ -58,7 +67,12 @@ def armed() -> list[str]:
 
 
 def crash_point(name: str) -> None:
-    """SIGKILL this process if ``name`` is armed (and, with a state folder, if this is the chosen hit)."""
+    """SIGKILL this process if ``name`` is armed (and, with a state folder, if this is the chosen hit).
+
+    Or pause here, if ``name`` is armed with ``ONCEFLOW_PAUSE_AT``.
+    """
+    if os.environ.get(PAUSE_AT_ENV) == name:
+        _pause(name)
     if not os.environ.get(CRASH_AT_ENV):
         return
     if name not in POINTS:
@@ -74,6 +88,21 @@ def crash_point(name: str) -> None:
         (folder / f"crashed-{name}").write_text(f"{os.getpid()}\n")
     print(f"[onceflow] crash point {name!r}: SIGKILL of pid {os.getpid()}", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pause(name: str) -> None:
+    folder = Path(os.environ.get(PAUSE_DIR_ENV) or ".")
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(folder / f"paused-{name}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return  # another hit paused already: only the first one waits
+    os.write(fd, f"{os.getpid()}\n".encode())
+    os.close(fd)
+    print(f"[onceflow] pause point {name!r}: pid {os.getpid()} waits for resume", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while not (folder / f"resume-{name}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def crashed(state: str | os.PathLike[str], name: str) -> bool:

@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.config import Settings
-from onceflow.faults import CRASH_AT_ENV, CRASH_SKIP_ENV, CRASH_STATE_ENV, crashed
+from onceflow.faults import (
+    CRASH_AT_ENV,
+    CRASH_SKIP_ENV,
+    CRASH_STATE_ENV,
+    PAUSE_AT_ENV,
+    PAUSE_DIR_ENV,
+    crashed,
+)
 from onceflow.ledger import Ledger
 from onceflow.pipeline import Pipeline
 from tests.faults import invariants
@@ -114,6 +121,39 @@ class StepOutcome:
         }
 
 
+@dataclass
+class Paused:
+    """A driver step running in the background, stopped at a pause point."""
+
+    step: str
+    point: str
+    folder: Path
+    process: subprocess.Popen[str]
+
+    def wait(self, timeout: float = 120) -> None:
+        """Until the step reached its pause point (it must not have finished before)."""
+        deadline = time.monotonic() + timeout
+        while not (self.folder / f"paused-{self.point}").exists():
+            if self.process.poll() is not None:
+                raise HarnessError(f"{self.step} ended before pausing at {self.point}: {self.process.stderr}")
+            if time.monotonic() > deadline:
+                raise HarnessError(f"{self.step} did not reach {self.point} in {timeout} s")
+            time.sleep(0.05)
+
+    def resume(self, timeout: float = 600) -> StepOutcome:
+        (self.folder / f"resume-{self.point}").touch()
+        out, err = self.process.communicate(timeout=timeout)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        return StepOutcome(
+            self.step,
+            None,
+            self.process.returncode,
+            False,
+            json.loads(lines[-1]) if lines else {},
+            err[-4000:],
+        )
+
+
 class HarnessError(AssertionError):
     """The harness itself could not drive the scenario (a step failed that must not fail)."""
 
@@ -137,7 +177,7 @@ class Scenario:
         self.settings = settings
         self.partitions = partitions
         self._crashes = 0
-        base = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_CRASH")}
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("ONCEFLOW_CRASH", "ONCEFLOW_PAUSE"))}
         self.env: dict[str, str] = {
             **base,
             "ONCEFLOW_FAULTS_NAME": f"faults-{self.id}",
@@ -214,6 +254,16 @@ class Scenario:
             stderr=done.stderr[-4000:],
             seconds=time.monotonic() - started,
         )
+
+    def start(self, step: str, *extra: str, pause: str) -> Paused:
+        """Start a driver step in the background, to pause at ``pause`` until `Paused.resume`."""
+        folder = self.root / f"pause-{uuid.uuid4().hex[:6]}"
+        env = {**self.env, PAUSE_AT_ENV: pause, PAUSE_DIR_ENV: str(folder)}
+        command = [sys.executable, "-m", "tests.faults.driver", step, self.pipeline, *extra]
+        process = subprocess.Popen(
+            command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        return Paused(step, pause, folder, process)
 
     def epoch(self, executor: str, crash: Crash | None = None) -> StepOutcome:
         return self.run("epoch", crash, "--executor", executor)
@@ -304,11 +354,18 @@ class FaultRun:
 
 
 def random_schedule(seed: int, count: int) -> list[tuple[Fault, int, int, tuple[str, ...]]]:
-    """``count`` faults chosen from the seed: (fault, good records, aborted records, bad records)."""
+    """``count`` faults chosen from the seed: (fault, good records, aborted records, bad records).
+
+    Faults come in rounds that each hold every named fault once, shuffled, so any 15 consecutive faults
+    cover the whole protocol; within a round the seed picks the order, each crash's timing (how many hits
+    of its point pass first) and the workload before it.
+    """
     rng = random.Random(seed)
+    names: list[str] = []
+    while len(names) < count:
+        names += rng.sample(FAULT_NAMES, len(FAULT_NAMES))
     schedule = []
-    for _ in range(count):
-        name = rng.choice(FAULT_NAMES)
+    for name in names[:count]:
         skip = rng.randint(0, EPOCH_POINTS.get(name, 0))
         bad = tuple(rng.sample(sorted(BAD_INPUT), rng.randint(0, 2)))
         schedule.append((named_fault(name, skip), rng.randint(20, 60), rng.randint(0, 4), bad))

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,18 @@ def test_with_a_state_folder_only_the_chosen_hit_crashes_and_only_once(tmp_path:
     assert crashed(tmp_path, "after_plan")
     second = run(env)  # hits 3 and 4: the crash already happened
     assert second.returncode == 0 and "survived" in second.stdout
+
+
+def test_a_paused_point_waits_for_its_resume_file(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_CRASH")}
+    env.update({"ONCEFLOW_PAUSE_AT": "after_plan", "ONCEFLOW_PAUSE_DIR": str(tmp_path)})
+    child = subprocess.Popen([sys.executable, "-c", HIT_TWICE], env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "paused-after_plan").exists():
+        assert time.monotonic() < deadline and child.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert child.poll() is None  # still waiting
+    (tmp_path / "resume-after_plan").touch()
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 0 and "survived" in out
