@@ -8,7 +8,7 @@ STAMP := $(VENV)/.onceflow-installed
 PYTEST_ARGS ?=
 LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench)
 
-.PHONY: help venv jars services services-stop demo airflow-ui test lint unit clean
+.PHONY: help venv jars services services-stop demo airflow-ui test lint unit faults clean
 
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
@@ -17,6 +17,7 @@ help:
 	@echo "make services-stop  stop them (data is kept in .onceflow/)"
 	@echo "make airflow-ui     airflow standalone (UI on http://localhost:8080) on the local stack and DAGs"
 	@echo "make lint           ruff and mypy"
+	@echo "make faults N=200 SEED=7 EXECUTOR=local|spark   a long seeded fault run; report in tests/faults/out/"
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo "[onceflow] creating virtualenv $(VENV) with $(PYTHON) and installing pinned dependencies (constraints.txt)" >&2
@@ -57,6 +58,14 @@ test: lint jars
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  echo "[onceflow] running the test suite against the local stack" >&2; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+N ?= 100
+SEED ?=
+EXECUTOR ?= local
+faults: venv jars
+	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m tests.faults --faults $(N) --executor $(EXECUTOR) \
+	  $(if $(SEED),--seed $(SEED))
 
 unit: venv
 	@PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
