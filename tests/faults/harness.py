@@ -35,7 +35,7 @@ from onceflow.faults import (
     crashed,
 )
 from onceflow.ledger import Ledger
-from onceflow.pipeline import Pipeline
+from onceflow.pipeline import Pipeline, load_pipeline
 from tests.faults import invariants
 from tests.faults.pipelines import records_pipeline, table_pipeline
 from tests.faults.socket_feed import SocketFeed
@@ -192,11 +192,25 @@ class Scenario:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             **(env or {}),
         }
-        builder = table_pipeline if pipeline == TABLE else records_pipeline
-        self.spec: Pipeline = builder(self.env)
+        self.spec: Pipeline = self._spec()
         with Ledger.connect(self.env["ONCEFLOW_LEDGER_URL"], check=False) as ledger:
             ledger.upgrade()
         self.workload = Workload(self.env["ONCEFLOW_FAULTS_TOPIC"], partitions)
+
+    def _spec(self) -> Pipeline:
+        """The scenario's spec as its child processes build it (under the scenario's environment)."""
+        if self.pipeline in (RECORDS, TABLE):
+            return (table_pipeline if self.pipeline == TABLE else records_pipeline)(self.env)
+        module = self.pipeline.partition(":")[0]
+        saved = os.environ.copy()
+        try:
+            os.environ.update(self.env)
+            sys.modules.pop(module, None)
+            return load_pipeline(self.pipeline)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            sys.modules.pop(module, None)
 
     # ------------------------------------------------------------------------------------ resources
 

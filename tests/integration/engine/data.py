@@ -8,7 +8,6 @@ import uuid
 from confluent_kafka import Producer
 
 ORDERS = "tests.integration.engine.pipelines:ORDERS"
-ODD_EVEN = "examples.odd_even.pipeline:ODD_EVEN"
 
 
 def produce(
