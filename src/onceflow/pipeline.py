@@ -57,7 +57,7 @@ def _frozen_json(where: str, value: object) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise _fail(where, value, "expected a mapping")
     try:
-        copied = json.loads(json.dumps(value, sort_keys=True))
+        copied = json.loads(json.dumps(dict(value), sort_keys=True))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: must be JSON-serializable ({exc})") from exc
     return MappingProxyType(copied)

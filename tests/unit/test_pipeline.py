@@ -182,3 +182,11 @@ def test_sink_lookup_by_name() -> None:
     assert spec.sink("out").kind == "kafka"
     with pytest.raises(ConfigError, match=r"no sink 'nope'; sinks: \['pg', 'out'\]"):
         spec.sink("nope")
+
+
+def test_a_spec_can_be_derived_with_dataclasses_replace() -> None:
+    from dataclasses import replace
+
+    spec = make(sinks=[SinkSpec("pg", "postgres", {"table": "t", "columns": {"id": "bigint"}})])
+    derived = replace(spec, name="other", sinks=(replace(spec.sinks[0], name="pg2"),))
+    assert derived.sinks[0].config == spec.sinks[0].config and derived.name == "other"

@@ -4,6 +4,7 @@ process (which imports this module by its dotted path) sees the same unique topi
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
 
@@ -47,32 +48,18 @@ ORDERS = orders_pipeline()
 
 
 def replicate_pipeline() -> Pipeline:
-    """Decoded records straight to PostgreSQL (2PC) and Parquet: no transform, so it can run locally."""
-    name = os.environ.get("ONCEFLOW_TEST_PIPELINE", "engine-test")
-    return Pipeline(
-        name=f"{name}-replica",
-        source=KafkaSource(topics=(os.environ.get("ONCEFLOW_TEST_TOPIC", "engine-test"),)),
-        format=JsonFormat(schema={"id": "int", "amount": "float", "customer": "string"}),
+    """The orders pipeline without its transform: records go straight to the sinks, so it runs locally."""
+    orders = orders_pipeline()
+    return replace(
+        orders,
+        name=f"{orders.name}-replica",
+        transform=None,
         sinks=(
-            SinkSpec(
-                "replica_pg",
-                "postgres_2pc",
-                {
-                    "table": os.environ.get("ONCEFLOW_TEST_TABLE", "engine_test_orders"),
-                    "columns": {"id": "bigint", "amount": "double precision", "customer": "text"},
-                },
-            ),
-            SinkSpec(
-                "replica_files",
-                "files",
-                {
-                    "root": os.environ.get("ONCEFLOW_TEST_FILES", "/tmp/onceflow-engine-test"),
-                    "table": "replica",
-                },
+            replace(orders.sinks[0], name="replica_pg"),
+            replace(
+                orders.sinks[1], name="replica_files", config={**orders.sinks[1].config, "table": "replica"}
             ),
         ),
-        slices=2,
-        max_records_per_task=7,
     )
 
 
