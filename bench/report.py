@@ -196,7 +196,10 @@ def _throughput_section(results: dict[str, Any]) -> list[str]:
         rs = [ratios(r) for r in tp[size] if "files" in r]
         if not rs:
             continue
-        cells = [f"{median(r[k] for r in rs):.3f} ({spread(r[k] for r in rs)})" for k in rs[0]]
+        cells = []
+        for k in rs[0]:
+            values = [r[k] for r in rs if r[k] == r[k]]  # nan: not measured at this size
+            cells.append(f"{median(values):.3f} ({spread(values)})" if values else "not run")
         lines.append(f"| {int(size):,} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -352,3 +355,16 @@ def write(results: dict[str, Any], out: Path) -> None:
     except ImportError:
         text = text.replace("![plots](report.png)", "(no plot: install the `bench` extra for matplotlib)")
     (out / "report.md").write_text(text)
+
+
+def main() -> None:
+    """``python -m bench.report [report.json]``: render report.md and report.png again from the JSON."""
+    import json
+    import sys
+
+    source = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "report.json"
+    write(json.loads(source.read_text()), source.parent)
+
+
+if __name__ == "__main__":
+    main()

@@ -105,7 +105,9 @@ class Bench:
         self.results["commit_cost"] = out
 
     # 4.
-    def throughput(self, sizes: tuple[int, ...], peers: bool) -> None:
+    def throughput(self, sizes: tuple[int, ...], pg_sizes: tuple[int, ...], peers: bool) -> None:
+        """``pg_sizes``: the sizes at which the PostgreSQL pair (exactly-once 2PC, at-least-once plain)
+        runs too; the files pipeline and the peers run at every size."""
         from bench.peers import runs as peer_runs
 
         out: dict[str, Any] = {}
@@ -119,6 +121,8 @@ class Bench:
                     limit = read_all(self.settings.kafka_bootstrap, data)
                     entry["limit"] = {"records_per_s": limit.records_per_s, "mb_per_s": limit.mb_per_s}
                     for config in PIPELINE_CONFIGS:
+                        if config != "files" and size not in pg_sizes:
+                            continue
                         run = self._pipeline(config, data, self.settings, BATCH_PER_PARTITION)
                         entry[config] = run.to_dict()
                     if peers:
@@ -155,17 +159,21 @@ class Bench:
     # 5.
     def memory(self, size: int) -> None:
         """Epochs of a fixed batch (10^5 records) taken from a data set 10x (or more) larger."""
-        data = produce(self.settings.kafka_bootstrap, size, "bench-memory")
+        batch = MEMORY_BATCH_PER_PARTITION * PARTITIONS
+        epochs = max(self.runs, 1)
+        data = produce(self.settings.kafka_bootstrap, max(size, 10 * batch), "bench-memory")
         try:
-            batch = MEMORY_BATCH_PER_PARTITION * PARTITIONS
-            epochs = max(self.runs, 1)
             run = self._pipeline(
                 "files", data, self.settings, MEMORY_BATCH_PER_PARTITION, stop_after=batch * epochs
             )
         finally:
             delete_topics(self.settings.kafka_bootstrap, [data.topic])
-        self.results["memory_bounded"] = {"topic_records": size, "batch_records": batch, **run.to_dict()}
-        say(f"memory: {len(run.epochs)} epochs of {batch} from a topic of {size}")
+        self.results["memory_bounded"] = {
+            "topic_records": data.records,
+            "batch_records": batch,
+            **run.to_dict(),
+        }
+        say(f"memory: {len(run.epochs)} epochs of {batch} from a topic of {data.records}")
 
     def _pipeline(
         self,
@@ -180,7 +188,7 @@ class Bench:
 
         name = f"bench-{config.replace('_', '')}-{uuid.uuid4().hex[:8]}"
         spec = bench_pipeline(config, name, data.topic, self.workdir, batch_per_partition=batch_per_partition)
-        records = stop_after or data.records
+        records = min(stop_after or data.records, data.records)
         run = run_to_end(spec, settings, records)
         try:
             if stop_after is None:
@@ -204,10 +212,20 @@ def _round_summary(entry: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _save(results: dict[str, Any], out: Path, started: float) -> None:
+    results["meta"]["load_after"] = load_average()
+    results["meta"]["duration_s"] = time.time() - started
+    (out / "report.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+    report.write(results, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="onceflow benchmarks: writes bench/report.md, .json, .png")
     parser.add_argument("--sizes", help="comma-separated data-set sizes (default 10^5,10^6)")
     parser.add_argument("--full", action="store_true", help="sizes 10^5, 10^6 and 10^7, commit up to 10^7")
+    parser.add_argument(
+        "--pg-sizes", help="sizes at which the PostgreSQL exactly-once/at-least-once pair runs (default: all)"
+    )
     parser.add_argument("--commit-sizes", help="comma-separated epoch sizes for the commit benchmark")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (>= 3 for the report)")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for report.md/json/png")
@@ -222,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sizes:
         sizes = tuple(int(float(s)) for s in args.sizes.split(","))
     commit_sizes = (*COMMIT_SIZES, 10_000_000) if args.full else COMMIT_SIZES
+    pg_sizes = tuple(int(float(s)) for s in args.pg_sizes.split(",")) if args.pg_sizes else sizes
     if args.commit_sizes:
         commit_sizes = tuple(int(float(s)) for s in args.commit_sizes.split(","))
     if args.smoke:
@@ -238,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:]),
         "sizes": list(sizes),
         "commit_sizes": list(commit_sizes),
+        "pg_sizes": list(pg_sizes),
         "runs": bench.runs,
         "record_bytes": RECORD_BYTES,
         "partitions": PARTITIONS,
@@ -256,21 +276,18 @@ def main(argv: list[str] | None = None) -> int:
             ("spark start-up", bench.spark_startup),
             ("epoch overhead", bench.epoch_overhead),
             *steps,
-            ("throughput", lambda: bench.throughput(sizes, peers=True)),
+            ("throughput", lambda: bench.throughput(sizes, pg_sizes, peers=True)),
             ("memory", lambda: bench.memory(max(sizes))),
         ]
+    args.out.mkdir(parents=True, exist_ok=True)
     try:
         for title, step in steps:
             say(f"step: {title}")
             step()
+            _save(bench.results, args.out, started)  # a stopped run still leaves the steps it finished
     finally:
-        bench.results["meta"]["load_after"] = load_average()
-        bench.results["meta"]["duration_s"] = time.time() - started
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report.json").write_text(json.dumps(bench.results, indent=1, sort_keys=True))
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    report.write(bench.results, args.out)
     say(f"wrote {args.out / 'report.md'} in {time.time() - started:.0f}s")
     return 0
 
