@@ -355,6 +355,11 @@ def _memory_row(label: str, epochs: list[dict[str, Any]]) -> str:
     )
 
 
+def _legend(ax: Any, size: int) -> None:
+    if ax.get_legend_handles_labels()[0]:  # a smoke run has nothing to plot in some panels
+        ax.legend(fontsize=size)
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -374,14 +379,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 xs, ys, marker="o", label="limit (plain consumer)" if key == "limit" else CONFIG_LABELS[key]
             )
     ax.set(xscale="log", yscale="log", xlabel="records", ylabel="records/s", title="Throughput, end to end")
-    ax.legend(fontsize=7)
+    _legend(ax, 7)
     ax = axes[0][1]
     for kind, by_size in results.get("commit_cost", {}).items():
         xs = sorted(by_size, key=int)
         ax.plot([int(x) for x in xs], [median(by_size[x]) for x in xs], marker="o", label=kind)
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
     ax.set(xscale="log", yscale="log", xlabel="rows per epoch", ylabel="s", title="Commit time")
-    ax.legend(fontsize=8)
+    _legend(ax, 8)
     ax = axes[1][0]
     overhead = results.get("overhead")
     if overhead:
@@ -392,7 +397,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
             ax.bar(backends, heights, bottom=bottom, label=STEP_LABELS[step])
             bottom = [a + b for a, b in zip(bottom, heights, strict=True)]
         ax.set(ylabel="s", title="Fixed cost of a small epoch by step")
-        ax.legend(fontsize=7)
+        _legend(ax, 7)
     ax = axes[1][1]
     labels, totals = [], []
     for size in sizes:
