@@ -70,21 +70,28 @@ def commit_seconds(kind: str, rows: int, workdir: Path, settings_dsn: str, topic
 
     ``topic`` (4 partitions) receives the Kafka sink's records and stands for the epoch's input.
     """
+    return stage_and_commit_seconds(kind, rows, workdir, settings_dsn, topic)[1]
+
+
+def stage_and_commit_seconds(
+    kind: str, rows: int, workdir: Path, settings_dsn: str, topic: str
+) -> tuple[float, float]:
+    """(seconds to write and pre-commit an epoch through the sink's writers, seconds to commit it)."""
     name = f"bench_commit_{uuid.uuid4().hex[:8]}"
     config = _config(kind, name, workdir, topic)
-    committables = stage(kind, config, f"bench-commit-{uuid.uuid4().hex[:6]}", rows, topic)
-    committer = build_committer(kind, config)
     started = time.perf_counter()
-    committer.commit(committables)
-    elapsed = time.perf_counter() - started
+    committables = stage(kind, config, f"bench-commit-{uuid.uuid4().hex[:6]}", rows, topic)
+    staged = time.perf_counter()
+    build_committer(kind, config).commit(committables)
+    committed = time.perf_counter()
     _cleanup(kind, name, workdir, settings_dsn, committables[0].pipeline)
-    return elapsed
+    return staged - started, committed - staged
 
 
 def _cleanup(kind: str, name: str, workdir: Path, dsn: str, pipeline: str) -> None:
     if kind == "files":
         shutil.rmtree(workdir / "files" / name, ignore_errors=True)
-    elif kind == "postgres_2pc":
+    elif kind in ("postgres_2pc", "plain"):
         import psycopg
 
         with psycopg.connect(dsn, autocommit=True) as conn:

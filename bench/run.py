@@ -104,6 +104,29 @@ class Bench:
             delete_topics(self.settings.kafka_bootstrap, [topic])
         self.results["commit_cost"] = out
 
+    # 3b.
+    def sink_protocol(self, sizes: tuple[int, ...]) -> None:
+        """Exactly-once against at-least-once in the sink alone, without Spark's noise: per round, the
+        same rows written, pre-committed and committed through ``plain`` and then ``postgres_2pc``."""
+        topic = create_topic(self.settings.kafka_bootstrap, "bench-protocol")
+        out: dict[str, list[dict[str, float]]] = {}
+        try:
+            for rows in sizes:
+                rounds = []
+                for _ in range(self.runs):
+                    entry: dict[str, float] = {}
+                    for kind in ("plain", "postgres_2pc"):
+                        stage_s, commit_s = commit_cost.stage_and_commit_seconds(
+                            kind, rows, self.workdir, self.settings.pg_dsn, topic
+                        )
+                        entry[f"{kind}_s"] = stage_s + commit_s
+                    rounds.append(entry)
+                out[str(rows)] = rounds
+                say(f"sink protocol {rows} rows: {rounds}")
+        finally:
+            delete_topics(self.settings.kafka_bootstrap, [topic])
+        self.results["sink_protocol"] = out
+
     # 4.
     def throughput(self, sizes: tuple[int, ...], pg_sizes: tuple[int, ...], peers: bool) -> None:
         """``pg_sizes``: the sizes at which the PostgreSQL pair (exactly-once 2PC, at-least-once plain)
@@ -213,8 +236,10 @@ def _round_summary(entry: dict[str, Any]) -> str:
 
 
 def _save(results: dict[str, Any], out: Path, started: float) -> None:
-    results["meta"]["load_after"] = load_average()
-    results["meta"]["duration_s"] = time.time() - started
+    meta = results["meta"]
+    this_run = meta["merged"][-1] if meta.get("merged") else meta  # a merge keeps the first run's times
+    this_run["load_after"] = load_average()
+    this_run["duration_s"] = time.time() - started
     (out / "report.json").write_text(json.dumps(results, indent=1, sort_keys=True))
     report.write(results, out)
 
@@ -230,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (>= 3 for the report)")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for report.md/json/png")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp one)")
+    parser.add_argument(
+        "--steps",
+        help="comma-separated subset of: startup,overhead,commit,protocol,throughput,memory (default: all)",
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="update --out/report.json with these steps' results"
+    )
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes, one run, no Spark: checks the harness and report"
     )
@@ -268,17 +300,31 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_average(),
         "smoke": args.smoke,
     }
-    steps: list[tuple[str, Callable[[], None]]] = [("commit cost", lambda: bench.commit_cost(commit_sizes))]
+    protocol_sizes = (1_000,) if args.smoke else tuple(s for s in commit_sizes if s >= 100_000)
+    all_steps: dict[str, Callable[[], None]] = {
+        "startup": bench.spark_startup,
+        "overhead": bench.epoch_overhead,
+        "commit": lambda: bench.commit_cost(commit_sizes),
+        "protocol": lambda: bench.sink_protocol(protocol_sizes),
+        "throughput": lambda: bench.throughput(sizes, pg_sizes, peers=True),
+        "memory": lambda: bench.memory(max(sizes)),
+    }
     if args.smoke:
-        steps.append(("limit", lambda: bench.limit_only(sizes)))
-    else:
-        steps = [
-            ("spark start-up", bench.spark_startup),
-            ("epoch overhead", bench.epoch_overhead),
-            *steps,
-            ("throughput", lambda: bench.throughput(sizes, pg_sizes, peers=True)),
-            ("memory", lambda: bench.memory(max(sizes))),
-        ]
+        all_steps = {
+            "commit": all_steps["commit"],
+            "protocol": all_steps["protocol"],
+            "limit": lambda: bench.limit_only(sizes),
+        }
+    chosen = args.steps.split(",") if args.steps else list(all_steps)
+    unknown = sorted(set(chosen) - set(all_steps))
+    if unknown:
+        parser.error(f"unknown steps {unknown}; known: {', '.join(all_steps)}")
+    steps = [(name, all_steps[name]) for name in chosen]
+    if args.merge and (args.out / "report.json").exists():
+        previous = json.loads((args.out / "report.json").read_text())
+        merged_meta = {**previous.get("meta", {}), "merged": [*previous.get("meta", {}).get("merged", [])]}
+        merged_meta["merged"].append({"steps": chosen, **bench.results["meta"]})
+        bench.results = {**previous, "meta": merged_meta}
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         for title, step in steps:

@@ -1,7 +1,7 @@
 """The benchmark harness runs end to end on the real stack and writes a well-formed report.
 
-Only the parts without Spark (commit cost and the read limit, at tiny sizes): the full benchmark is
-`make bench`, whose figures are never asserted by tests.
+Only the parts without Spark (commit cost, the sinks' protocol cost and the read limit, at tiny sizes):
+the full benchmark is `make bench`, whose figures are never asserted by tests.
 """
 
 from __future__ import annotations
@@ -35,7 +35,14 @@ def test_smoke_run_writes_report(settings, tmp_path) -> None:
     results = json.loads((tmp_path / "report.json").read_text())
     assert set(results["commit_cost"]) == {"postgres_2pc", "files", "kafka"}
     assert results["throughput"]["2000"][0]["limit"]["records_per_s"] > 0
+    assert set(results["sink_protocol"]["1000"][0]) == {"plain_s", "postgres_2pc_s"}
     report = (tmp_path / "report.md").read_text()
-    for heading in ("# onceflow benchmarks", "## Targets", "## Commit time against epoch size"):
+    headings = (
+        "# onceflow benchmarks",
+        "## Targets",
+        "## Commit time",
+        "## Exactly-once against at-least-once",
+    )
+    for heading in headings:
         assert heading in report
     assert "| postgres_2pc |" in report
