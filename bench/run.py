@@ -60,12 +60,18 @@ class Bench:
         self.workdir = workdir
         self.runs = runs
         self.results: dict[str, Any] = {}
+        self.merge_into: dict[str, Any] | None = None  # --merge: earlier results that new ones update
+
+    def record(self, key: str, value: Any) -> None:
+        """Store a step's results; with --merge, update the earlier ones size by size."""
+        previous = (self.merge_into or {}).get(key)
+        self.results[key] = _deep_merge(previous, value) if isinstance(previous, dict) else value
 
     # 1.
     def spark_startup(self) -> None:
         from bench.spark_startup import spark_startup_s
 
-        self.results["spark_startup_s"] = [spark_startup_s(self.settings) for _ in range(self.runs)]
+        self.record("spark_startup_s", [spark_startup_s(self.settings) for _ in range(self.runs)])
         say(f"spark-submit start-up: {self.results['spark_startup_s']}")
 
     # 2.
@@ -85,7 +91,7 @@ class Bench:
                 say(f"epoch overhead with the {backend} ledger: {len(run.epochs)} epochs")
         finally:
             delete_topics(self.settings.kafka_bootstrap, [data.topic])
-        self.results["overhead"] = {"records_per_epoch": per_epoch, "ledgers": out}
+        self.record("overhead", {"records_per_epoch": per_epoch, "ledgers": out})
 
     # 3.
     def commit_cost(self, sizes: tuple[int, ...]) -> None:
@@ -102,7 +108,7 @@ class Bench:
                     say(f"commit {kind} {rows} rows: {[round(s, 3) for s in seconds]}")
         finally:
             delete_topics(self.settings.kafka_bootstrap, [topic])
-        self.results["commit_cost"] = out
+        self.record("commit_cost", out)
 
     # 3b.
     def sink_protocol(self, sizes: tuple[int, ...]) -> None:
@@ -125,7 +131,7 @@ class Bench:
                 say(f"sink protocol {rows} rows: {rounds}")
         finally:
             delete_topics(self.settings.kafka_bootstrap, [topic])
-        self.results["sink_protocol"] = out
+        self.record("sink_protocol", out)
 
     # 4.
     def throughput(self, sizes: tuple[int, ...], pg_sizes: tuple[int, ...], peers: bool) -> None:
@@ -165,7 +171,7 @@ class Bench:
             finally:
                 delete_topics(self.settings.kafka_bootstrap, [data.topic])
             out[str(size)] = rounds
-        self.results["throughput"] = out
+        self.record("throughput", out)
 
     def limit_only(self, sizes: tuple[int, ...]) -> None:
         """The smoke run's stand-in for step 4: the read limit only, no Spark."""
@@ -177,7 +183,7 @@ class Bench:
             finally:
                 delete_topics(self.settings.kafka_bootstrap, [data.topic])
             out[str(size)] = [{"limit": {"records_per_s": limit.records_per_s, "mb_per_s": limit.mb_per_s}}]
-        self.results["throughput"] = out
+        self.record("throughput", out)
 
     # 5.
     def memory(self, size: int) -> None:
@@ -191,7 +197,7 @@ class Bench:
             )
         finally:
             delete_topics(self.settings.kafka_bootstrap, [data.topic])
-        self.results["memory_bounded"] = {
+        self.results["memory_bounded"] = {  # replaced whole: its epochs belong to one run
             "topic_records": data.records,
             "batch_records": batch,
             **run.to_dict(),
@@ -233,6 +239,13 @@ def _round_summary(entry: dict[str, Any]) -> str:
         if key in entry:
             parts.append(f"{key} {entry[key]['records_per_s']:.0f}/s")
     return ", ".join(parts)
+
+
+def _deep_merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(old)
+    for key, value in new.items():
+        merged[key] = _deep_merge(old[key], value) if isinstance(old.get(key), dict) else value
+    return merged
 
 
 def _save(results: dict[str, Any], out: Path, started: float) -> None:
@@ -325,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         merged_meta = {**previous.get("meta", {}), "merged": [*previous.get("meta", {}).get("merged", [])]}
         merged_meta["merged"].append({"steps": chosen, **bench.results["meta"]})
         bench.results = {**previous, "meta": merged_meta}
+        bench.merge_into = previous
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         for title, step in steps:
