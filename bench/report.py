@@ -192,8 +192,8 @@ def _notes_section(results: dict[str, Any]) -> list[str]:
     lines = [
         "## What was compared, and why targets were missed",
         "",
-        "- **Exactly-once vs at-least-once.** The engine does not act on `Pipeline.guarantee` yet: both runs "
-        "go through the same plan / Spark slice / pre-commit / decide / commit protocol and ledger. The "
+        "- **Exactly-once vs at-least-once.** onceflow runs both guarantees through the same plan / Spark "
+        "slice / pre-commit / decide / commit protocol and ledger; what differs is the sink. The "
         "at-least-once run writes with the `plain` sink (rows appended with COPY and visible at once, "
         "nothing staged, a no-op commit); the exactly-once run writes the same rows to the same PostgreSQL "
         "with `postgres_2pc` (COPY inside a prepared transaction with a marker row, COMMIT PREPARED by the "
