@@ -5,10 +5,12 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.onceflow-installed
+BENCH_STAMP := $(VENV)/.onceflow-bench-installed
+BENCH_ARGS ?=
 PYTEST_ARGS ?=
 LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench)
 
-.PHONY: help venv jars services services-stop demo airflow-ui test lint unit faults clean
+.PHONY: help venv jars services services-stop demo airflow-ui test lint unit faults bench clean
 
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
@@ -17,7 +19,8 @@ help:
 	@echo "make services-stop  stop them (data is kept in .onceflow/)"
 	@echo "make airflow-ui     airflow standalone (UI on http://localhost:8080) on the local stack and DAGs"
 	@echo "make lint           ruff and mypy"
-	@echo "make faults N=200 SEED=7 EXECUTOR=local|spark   a long seeded fault run; report in tests/faults/out/"
+	@echo "make faults         a long seeded fault run (N=200 SEED=7 EXECUTOR=local|spark); tests/faults/out/"
+	@echo "make bench          benchmarks -> bench/report.md (BENCH_ARGS=\"--full\" adds 10^7 records)"
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo "[onceflow] creating virtualenv $(VENV) with $(PYTHON) and installing pinned dependencies (constraints.txt)" >&2
@@ -69,6 +72,16 @@ faults: venv jars
 
 unit: venv
 	@PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+$(BENCH_STAMP): $(STAMP)
+	@echo "[onceflow] installing the bench extra (matplotlib, psutil)" >&2
+	@$(BIN)/python -m pip install -q -c constraints.txt -e ".[spark,airflow,dev,bench]"
+	@touch $(BENCH_STAMP)
+
+# Throughput, commit cost, epoch overhead, peers and memory; takes about an hour at the default sizes.
+bench: $(BENCH_STAMP) jars
+	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" nice -n 10 $(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean: services-stop
 	rm -rf .onceflow

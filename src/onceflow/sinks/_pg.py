@@ -152,6 +152,24 @@ def insert_rows(conn: psycopg.Connection[Any], statement: sql.Composed, rows: li
         cur.executemany(statement, rows)
 
 
+def copy_rows(conn: psycopg.Connection[Any], table: PgTableConfig, rows: list[tuple[Any, ...]]) -> None:
+    """Append rows with COPY in one short transaction: what plain INSERTs do, several times faster.
+
+    The direct sinks' rows become visible batch by batch either way; COPY only removes the per-row
+    statement cost, so that a direct sink is compared with the two-phase sink (also COPY) on equal terms.
+    """
+    from psycopg import sql
+
+    if not rows:
+        return
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        table_identifier(table.table), column_list(table.column_names)
+    )
+    with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
 class DirectWriterBase:
     """Shared by the sinks that write during ``write()`` (plain, upsert): one autocommit connection.
 

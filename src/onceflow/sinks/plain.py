@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceflow.sinks._config import ConfigReader
-from onceflow.sinks._pg import DirectWriterBase, NothingToCommit, PgTableConfig, insert_rows, insert_statement
+from onceflow.sinks._pg import DirectWriterBase, NothingToCommit, PgTableConfig, copy_rows
 from onceflow.sinks.base import Row
 
 KIND = "plain"
@@ -47,9 +47,8 @@ class PlainWriter(DirectWriterBase):
         values = self._values(rows)
         conn = self._conn
         assert conn is not None  # checked by _values
-        statement = insert_statement(self.table)
         for start in range(0, len(values), self.table.batch_size):
-            insert_rows(conn, statement, values[start : start + self.table.batch_size])
+            copy_rows(conn, self.table, values[start : start + self.table.batch_size])
 
 
 class PlainCommitter(NothingToCommit):

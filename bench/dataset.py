@@ -1,0 +1,99 @@
+"""The benchmark data set: N JSON records of 200 bytes spread evenly over a 4-partition topic.
+
+Every benchmark reads the same records and applies the same work (JSON decode, a filter that keeps 90 %,
+a projection to three columns), so that throughputs of onceflow, its peers and the plain consumer compare.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+PARTITIONS = 4
+RECORD_BYTES = 200
+# The filter keeps amount >= MIN_AMOUNT: amounts are spread evenly over [0, 100), so 90 % pass.
+MIN_AMOUNT = 10.0
+PROJECTED = ("id", "amount", "customer")
+SCHEMA = {"id": "int", "amount": "float", "customer": "string", "country": "string", "note": "string"}
+
+
+def amount_of(i: int) -> float:
+    return (i * 7919 % 10_000) / 100
+
+
+def record(i: int) -> bytes:
+    """Record ``i`` as JSON, padded with a ``note`` so that every value is exactly RECORD_BYTES long."""
+    head = {"id": i, "amount": amount_of(i), "customer": f"c{i % 5000:05d}", "country": "DE", "note": ""}
+    text = json.dumps(head, separators=(",", ":"))
+    pad = RECORD_BYTES - len(text)
+    if pad < 0:
+        raise ValueError(f"record {i} is longer than {RECORD_BYTES} bytes")
+    head["note"] = "x" * pad
+    return json.dumps(head, separators=(",", ":")).encode()
+
+
+def kept(records: int) -> int:
+    """How many of records 0..records-1 pass the filter (what every sink must hold afterwards)."""
+    return sum(1 for i in range(records) if amount_of(i) >= MIN_AMOUNT)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    topic: str
+    records: int
+    produce_s: float
+
+    @property
+    def bytes(self) -> int:
+        return self.records * RECORD_BYTES
+
+
+def create_topic(bootstrap: str, prefix: str, partitions: int = PARTITIONS) -> str:
+    """A new uniquely named topic, returned once every partition has a leader."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+        leaders = [p.leader for p in meta.partitions.values()] if meta else []
+        if len(leaders) == partitions and min(leaders) >= 0:
+            return topic
+        time.sleep(0.2)
+    raise TimeoutError(f"topic {topic} has no leader for every partition after 30 s")
+
+
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    if topics:
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the futures
+        for future in admin.delete_topics(topics).values():
+            future.result(30)
+
+
+def produce(bootstrap: str, records: int, prefix: str = "bench-in") -> Dataset:
+    """Create a topic and write records 0..records-1, record i to partition i % PARTITIONS."""
+    from confluent_kafka import Producer
+
+    topic = create_topic(bootstrap, prefix)
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000, "compression.type": "none"}
+    )
+    started = time.perf_counter()
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, value=record(i), key=str(i).encode(), partition=i % PARTITIONS)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError(f"producing to {topic}: records left undelivered")
+    return Dataset(topic, records, time.perf_counter() - started)

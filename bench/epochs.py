@@ -1,0 +1,180 @@
+"""Run a bench pipeline epoch after epoch until the whole data set is committed, timing every step.
+
+The loop makes the same calls as `onceflow.engine.runner.run_epoch` (recover, plan_epoch, submit_slice
+per slice, commit_epoch) in the same order, with a clock around each and an RSS sampler around the
+spark-submit, so the per-step split comes from the engine's own code paths. The sink committers are
+wrapped to time the sink's own commit apart from the ledger's decision and bookkeeping.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.memory import TreePeak, TreeSampler
+from bench.pipelines import SPEC_ENV, SPEC_PATH
+from onceflow.config import Settings
+from onceflow.engine.planning import plan_epoch
+from onceflow.engine.runner import submit_slice
+from onceflow.engine.sinks import committers_for
+from onceflow.ledger import EpochStatus, Ledger
+from onceflow.pipeline import Pipeline
+from onceflow.sinks.base import Committable, SinkCommitter
+
+
+class TimedCommitter:
+    """Delegates to a sink committer and adds up the seconds spent in its ``commit``."""
+
+    def __init__(self, inner: SinkCommitter) -> None:
+        self.inner = inner
+        self.commit_s = 0.0
+
+    def commit(self, committables: Sequence[Committable]) -> None:
+        started = time.perf_counter()
+        try:
+            self.inner.commit(committables)
+        finally:
+            self.commit_s += time.perf_counter() - started
+
+    def abort(self, committables: Sequence[Committable]) -> None:
+        self.inner.abort(committables)
+
+    def orphans(self, pipeline: str) -> list[Committable]:
+        return self.inner.orphans(pipeline)
+
+
+@dataclass
+class EpochTiming:
+    """Seconds per step of one epoch. ``decide_s`` is commit_epoch minus the sinks' own commit: the
+    ledger's decision (compare-and-set) and its marking and finishing of the epoch."""
+
+    epoch: int
+    records: int
+    recover_s: float
+    plan_s: float
+    spark_s: float
+    decide_s: float
+    commit_s: float
+    memory: TreePeak
+
+    @property
+    def total_s(self) -> float:
+        return self.recover_s + self.plan_s + self.spark_s + self.decide_s + self.commit_s
+
+    @property
+    def coordination_s(self) -> float:
+        """What the coordinator adds around the Spark job and the sinks: recover, plan and decide."""
+        return self.recover_s + self.plan_s + self.decide_s
+
+
+@dataclass
+class PipelineRun:
+    name: str
+    records: int
+    wall_s: float
+    epochs: list[EpochTiming] = field(default_factory=list)
+    committed_rows: int = 0
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.wall_s
+
+    @property
+    def peak(self) -> TreePeak:
+        peak = TreePeak()
+        for e in self.epochs:
+            peak.merge(e.memory)
+        return peak
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "records": self.records,
+            "wall_s": self.wall_s,
+            "records_per_s": self.records_per_s,
+            "committed_rows": self.committed_rows,
+            "epochs": [
+                {
+                    "epoch": e.epoch,
+                    "records": e.records,
+                    "recover_s": e.recover_s,
+                    "plan_s": e.plan_s,
+                    "spark_s": e.spark_s,
+                    "decide_s": e.decide_s,
+                    "commit_s": e.commit_s,
+                    "peak_total_mb": e.memory.total_mb,
+                    "peak_jvm_mb": e.memory.jvm_mb,
+                    "peak_python_workers_mb": e.memory.python_workers_mb,
+                    "peak_driver_python_mb": e.memory.driver_python_mb,
+                }
+                for e in self.epochs
+            ],
+        }
+
+
+class SliceFailed(RuntimeError):
+    """A spark-submit of the benchmark exited non-zero (the epoch is left for the next recover)."""
+
+
+def run_to_end(spec: Pipeline, settings: Settings, records: int) -> PipelineRun:
+    """Run epochs until the ledger's committed positions cover ``records`` offsets of the source."""
+    os.environ[SPEC_ENV] = spec.to_json()  # spark-submit inherits it and rebuilds the same spec
+    committers = {name: TimedCommitter(c) for name, c in committers_for(spec).items()}
+    ledger = Ledger.connect(settings.ledger_url)
+    run = PipelineRun(spec.name, records, 0.0)
+    started = time.perf_counter()
+    try:
+        while _committed(ledger.committed_offsets(spec.name)) < records:
+            run.epochs.append(_epoch(spec, settings, ledger, committers))
+        run.wall_s = time.perf_counter() - started
+        run.committed_rows = sum(
+            p.committable.record_count
+            for e in ledger.epochs(spec.name)
+            for p in ledger.participants(spec.name, e.number)
+            if e.status is EpochStatus.COMMITTED
+        )
+    finally:
+        ledger.close()
+        os.environ.pop(SPEC_ENV, None)
+    return run
+
+
+def _committed(offsets: Mapping[tuple[str, int], int]) -> int:
+    return sum(offsets.values())
+
+
+def _epoch(
+    spec: Pipeline, settings: Settings, ledger: Ledger, committers: Mapping[str, TimedCommitter]
+) -> EpochTiming:
+    t0 = time.perf_counter()
+    ledger.recover(spec.name, committers)
+    t1 = time.perf_counter()
+    planned = plan_epoch(spec, ledger, settings)
+    t2 = time.perf_counter()
+    sampler = TreeSampler(os.getpid()).start()
+    try:
+        for plan in planned.slices:
+            if plan.tasks:
+                result = submit_slice(SPEC_PATH, planned.epoch, plan.slice, settings)
+                if result.returncode != 0:
+                    raise SliceFailed(f"{planned.epoch} slice {plan.slice}: {result.stderr[-3000:]}")
+    finally:
+        memory = sampler.stop()
+    t3 = time.perf_counter()
+    before = sum(c.commit_s for c in committers.values())
+    ledger.commit_epoch(spec.name, planned.epoch.number, committers)
+    t4 = time.perf_counter()
+    sink_s = sum(c.commit_s for c in committers.values()) - before
+    return EpochTiming(
+        epoch=planned.epoch.number,
+        records=planned.plan.span,
+        recover_s=t1 - t0,
+        plan_s=t2 - t1,
+        spark_s=t3 - t2,
+        decide_s=(t4 - t3) - sink_s,
+        commit_s=sink_s,
+        memory=memory,
+    )

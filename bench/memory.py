@@ -1,0 +1,104 @@
+"""Peak resident memory of a process tree (a spark-submit and its JVM and Python workers), sampled.
+
+In Spark's local mode the driver JVM also hosts the executors (as threads), and each executor core runs
+Python code in forked ``pyspark.daemon`` workers; the peak is split into those two parts and the driver's
+own Python process, so that a leak in any of them shows.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import psutil
+
+INTERVAL_S = 0.1
+
+
+@dataclass
+class TreePeak:
+    """Peak RSS in MB, as the largest sum seen in one sample (not the sum of each part's peak)."""
+
+    total_mb: float = 0.0
+    jvm_mb: float = 0.0
+    python_workers_mb: float = 0.0
+    driver_python_mb: float = 0.0
+    samples: int = 0
+
+    def merge(self, other: TreePeak) -> None:
+        self.total_mb = max(self.total_mb, other.total_mb)
+        self.jvm_mb = max(self.jvm_mb, other.jvm_mb)
+        self.python_workers_mb = max(self.python_workers_mb, other.python_workers_mb)
+        self.driver_python_mb = max(self.driver_python_mb, other.driver_python_mb)
+        self.samples += other.samples
+
+
+def _kind(process: psutil.Process) -> str:
+    try:
+        name = process.name()
+        cmdline = " ".join(process.cmdline())
+    except psutil.Error:
+        return "other"
+    if name == "java" or "java" in name:
+        return "jvm"
+    if "pyspark.daemon" in cmdline or "pyspark/daemon" in cmdline or "pyspark.worker" in cmdline:
+        return "python_workers"
+    if "python" in name:
+        return "driver_python"
+    return "other"
+
+
+@dataclass
+class TreeSampler:
+    """Samples the summed RSS of ``pid``'s descendants (not ``pid`` itself) every INTERVAL_S until `stop()`.
+
+    Pointed at the benchmark's own pid, it measures whatever child it starts (e.g. ``submit_slice``'s
+    spark-submit) without changing how the child is started.
+    """
+
+    pid: int
+    peak: TreePeak = field(default_factory=TreePeak)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> TreeSampler:
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> TreePeak:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.peak
+
+    def _run(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop.is_set():
+            self._sample(root)
+            self._stop.wait(INTERVAL_S)
+
+    def _sample(self, root: psutil.Process) -> None:
+        parts = {"jvm": 0, "python_workers": 0, "driver_python": 0, "other": 0}
+        try:
+            processes = root.children(recursive=True)
+        except psutil.Error:
+            return
+        for process in processes:
+            try:
+                parts[_kind(process)] += process.memory_info().rss
+            except psutil.Error:
+                continue
+        mb = 1024 * 1024
+        self.peak.merge(
+            TreePeak(
+                total_mb=sum(parts.values()) / mb,
+                jvm_mb=parts["jvm"] / mb,
+                python_workers_mb=parts["python_workers"] / mb,
+                driver_python_mb=parts["driver_python"] / mb,
+                samples=1,
+            )
+        )

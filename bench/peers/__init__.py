@@ -1,0 +1,1 @@
+"""Peers run on the same data set and machine: Spark Structured Streaming and quix-streams."""

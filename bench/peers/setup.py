@@ -1,0 +1,62 @@
+"""What the peers need, installed on first use into the git-ignored .cache/ folder.
+
+* Spark's Kafka source jars, resolved from Maven Central with ``mvn`` (as infra/kafka.sh resolves the
+  broker), for the Structured Streaming peer.
+* A separate virtualenv for quix-streams: it requires confluent-kafka < 2.13, while onceflow pins 2.16.1,
+  so it cannot share onceflow's environment without changing a pinned version. Its packages are pinned
+  in quix-requirements.txt.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+CACHE = ROOT / ".cache"
+SPARK_KAFKA_JARS = CACHE / "spark-kafka"
+QUIX_VENV = CACHE / "quix-venv"
+# Only these artifacts: everything else the Kafka source needs is already in pyspark's jars.
+JAR_ARTIFACTS = "spark-sql-kafka-0-10_2.13,spark-token-provider-kafka-0-10_2.13,kafka-clients,commons-pool2"
+
+
+def _say(message: str) -> None:
+    print(f"[onceflow bench] {message}", file=sys.stderr, flush=True)
+
+
+def spark_kafka_jars() -> list[Path]:
+    """The jar files to pass to spark-submit ``--jars``, resolved once."""
+    done = SPARK_KAFKA_JARS / ".complete"
+    if not done.exists():
+        _say(f"resolving Spark's Kafka source from Maven Central into {SPARK_KAFKA_JARS}")
+        SPARK_KAFKA_JARS.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                "mvn", "-q", "-B", "-Dstyle.color=never",
+                "-s", str(HERE / "maven-settings.xml"),
+                "-f", str(HERE / "pom.xml"),
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DincludeArtifactIds={JAR_ARTIFACTS}",
+                f"-DoutputDirectory={SPARK_KAFKA_JARS}",
+            ],
+            check=True,
+        )  # fmt: skip
+        done.touch()
+    return sorted(SPARK_KAFKA_JARS.glob("*.jar"))
+
+
+def quix_python() -> Path:
+    """The quix-streams virtualenv's Python, created and filled from quix-requirements.txt once."""
+    python = QUIX_VENV / "bin" / "python"
+    done = QUIX_VENV / ".complete"
+    if not done.exists():
+        _say(f"creating the quix-streams virtualenv {QUIX_VENV}")
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(QUIX_VENV)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "-r", str(HERE / "quix-requirements.txt")], check=True
+        )
+        done.touch()
+    return python

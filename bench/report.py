@@ -1,0 +1,495 @@
+"""Render the benchmark results (report.json) as bench/report.md and bench/report.png."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from bench.stats import median, spread
+
+CONFIG_LABELS = {
+    "files": "onceflow exactly-once → Parquet files",
+    "postgres_2pc": "onceflow exactly-once → PostgreSQL 2PC",
+    "plain": "onceflow at-least-once → PostgreSQL plain",
+    "spark_structured_streaming": "Spark Structured Streaming (availableNow, foreachBatch → Parquet)",
+    "quix_streams": "quix-streams exactly-once → Kafka",
+}
+STEPS = ("recover_s", "plan_s", "startup_s", "processing_s", "decide_s", "commit_s")
+STEP_LABELS = {
+    "recover_s": "recover",
+    "plan_s": "plan",
+    "startup_s": "spark-submit start-up",
+    "processing_s": "processing (slice job minus start-up)",
+    "decide_s": "decision (ledger)",
+    "commit_s": "commit (sink)",
+}
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    if x != x:  # nan
+        return "n/a"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
+def _sizes(results: dict[str, Any]) -> list[str]:
+    return sorted(results.get("throughput", {}), key=int)
+
+
+def _rate(entry: dict[str, Any], key: str) -> float:
+    return float(entry[key]["records_per_s"]) if key in entry else float("nan")
+
+
+def ratios(round_: dict[str, Any]) -> dict[str, float]:
+    """Every ratio of one round (measured within it)."""
+    files = _rate(round_, "files")
+    return {
+        "eo_vs_alo": _rate(round_, "postgres_2pc") / _rate(round_, "plain")
+        if "plain" in round_
+        else math.nan,
+        "files_vs_limit": files / _rate(round_, "limit"),
+        "files_vs_sss": files / _rate(round_, "spark_structured_streaming"),
+        "files_vs_quix": files / _rate(round_, "quix_streams"),
+    }
+
+
+def epoch_steps(results: dict[str, Any], backend: str) -> dict[str, list[float]]:
+    startup = median(results.get("spark_startup_s", []))
+    epochs = results["overhead"]["ledgers"][backend]
+    steps: dict[str, list[float]] = {s: [] for s in (*STEPS, "coordination_s")}
+    for e in epochs:
+        for s in ("recover_s", "plan_s", "decide_s", "commit_s"):
+            steps[s].append(e[s])
+        steps["startup_s"].append(startup)
+        steps["processing_s"].append(e["spark_s"] - startup)
+        steps["coordination_s"].append(e["recover_s"] + e["plan_s"] + e["decide_s"])
+    return steps
+
+
+def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(target, measured, verdict) rows."""
+    rows = []
+    tp = results.get("throughput", {})
+    sizes = _sizes(results)
+    for size in sizes:
+        values = [ratios(r)["eo_vs_alo"] for r in tp[size] if "plain" in r]
+        if values:
+            m = median(values)
+            rows.append(
+                (
+                    f"exactly-once ≥ 0.9× at-least-once, whole pipeline ({int(size):,} records)",
+                    f"{m:.3f}× ({spread(values)})",
+                    "met" if m >= 0.9 else "MISSED",
+                )
+            )
+    for size, rounds in results.get("sink_protocol", {}).items():
+        values = [r["plain_s"] / r["postgres_2pc_s"] for r in rounds]
+        m = median(values)
+        rows.append(
+            (
+                f"exactly-once ≥ 0.9× at-least-once, sink alone ({int(size):,} rows)",
+                f"{m:.3f}× ({spread(values)})",
+                "met" if m >= 0.9 else "MISSED",
+            )
+        )
+    if "1000000" in tp and "files" in tp["1000000"][0]:
+        m = median(ratios(r)["files_vs_limit"] for r in tp["1000000"])
+        rows.append(
+            ("pipeline ≥ 0.5× the limit at 10^6 records", f"{m:.3f}×", "met" if m >= 0.5 else "MISSED")
+        )
+    else:
+        rows.append(("pipeline ≥ 0.5× the limit at 10^6 records", "not measured", "not measured"))
+    cost = results.get("commit_cost", {})
+    for kind in ("postgres_2pc", "files"):
+        by_size = cost.get(kind, {})
+        if "10000000" in by_size:
+            m = median(by_size["10000000"])
+            rows.append((f"{kind} commit ≤ 1 s at 10^7 records", f"{m:.3f} s", "met" if m <= 1 else "MISSED"))
+        elif by_size:
+            largest = max(by_size, key=int)
+            m = median(by_size[largest])
+            rows.append(
+                (
+                    f"{kind} commit ≤ 1 s at 10^7 records",
+                    f"{m:.3f} s at {int(largest):,} (10^7 not run; use --full)",
+                    "not measured at 10^7",
+                )
+            )
+    for backend in results.get("overhead", {}).get("ledgers", {}):
+        m = median(epoch_steps(results, backend)["coordination_s"])
+        rows.append(
+            (
+                f"coordination ≤ 0.5 s per epoch ({backend} ledger)",
+                f"{m:.3f} s",
+                "met" if m <= 0.5 else "MISSED",
+            )
+        )
+    return rows
+
+
+def markdown(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    lines = [
+        "# onceflow benchmarks",
+        "",
+        f"Generated by `{meta['command']}` on {meta['started']}, "
+        f"in {meta.get('duration_s', 0) / 60:.0f} min."
+        + "".join(
+            f" Step(s) {', '.join(m['steps'])} measured by `{m['command']}` on {m['started']} "
+            f"(load average {m['load_before']}) and merged."
+            for m in meta.get("merged", [])
+        ),
+        f"Machine: {meta['cpus']} cores, {meta['machine']}, Python {meta['python']}. "
+        f"Load average before/after: {meta['load_before']} / {meta.get('load_after')}.",
+        "",
+        f"Data: {meta['record_bytes']}-byte JSON records in {meta['partitions']} partitions; sizes "
+        f"{', '.join(f'{s:,}' for s in meta['sizes'])}. Work: JSON decode, a filter keeping 90 %, a "
+        f"projection to 3 columns. Every figure is the median of {meta['runs']} runs (min–max in brackets); "
+        "every ratio is taken within one round (all systems back to back on the same data), then the median "
+        "of the rounds.",
+        "",
+    ]
+    loads = [meta["load_before"][0], *(meta.get("load_after") or [0])[:1]]
+    if max(loads) > 0.5 * (meta.get("cpus") or 1):
+        lines += [
+            f"**The machine was shared during this run** (1-minute load average up to {max(loads):.1f} on "
+            f"{meta['cpus']} cores, from other workloads): absolute figures are pessimistic and noisy; the "
+            "ratios, taken within a round, are less affected. Re-run `make bench` on a quiet machine.",
+            "",
+        ]
+    lines += _targets_section(results)
+    lines += _notes_section(results)
+    lines += _throughput_section(results)
+    lines += _commit_section(results)
+    lines += _protocol_section(results)
+    lines += _overhead_section(results)
+    lines += _memory_section(results)
+    lines += ["", "![plots](report.png)", ""]
+    return "\n".join(lines)
+
+
+def _targets_section(results: dict[str, Any]) -> list[str]:
+    lines = ["## Targets", "", "| target | measured | verdict |", "| --- | --- | --- |"]
+    lines += [f"| {t} | {m} | {v} |" for t, m, v in targets(results)]
+    return [*lines, ""]
+
+
+def _startup_share(results: dict[str, Any], size: str) -> tuple[float, float] | None:
+    """(share of the files pipeline's wall time spent starting spark-submits, rate without them)."""
+    startup = median(results.get("spark_startup_s", []))
+    rounds = [r["files"] for r in results.get("throughput", {}).get(size, []) if "files" in r]
+    if not rounds or startup != startup:
+        return None
+    shares = [len(r["epochs"]) * startup / r["wall_s"] for r in rounds]
+    rates = [r["records"] / max(r["wall_s"] - len(r["epochs"]) * startup, 1e-9) for r in rounds]
+    return median(shares), median(rates)
+
+
+def _notes_section(results: dict[str, Any]) -> list[str]:
+    """What was compared, and why the missed targets were missed (with this run's own numbers)."""
+    lines = [
+        "## What was compared, and why targets were missed",
+        "",
+        "- **Exactly-once vs at-least-once.** onceflow runs both guarantees through the same plan / Spark "
+        "slice / pre-commit / decide / commit protocol and ledger; what differs is the sink. The "
+        "at-least-once run writes with the `plain` sink (rows appended with COPY and visible at once, "
+        "nothing staged, a no-op commit); the exactly-once run writes the same rows to the same PostgreSQL "
+        "with `postgres_2pc` (COPY inside a prepared transaction with a marker row, COMMIT PREPARED by the "
+        "coordinator). The ratio is therefore the cost of staging and two-phase commit in the sink. "
+        "Through Spark on a busy machine the run-to-run spread of one slice job is far larger than that "
+        "cost (see the min–max), so the sink-alone comparison below measures it without Spark.",
+        "- **Peers.** Structured Streaming reads with Spark's own (JVM) Kafka source, decodes with "
+        "`from_json` and writes Parquet per micro-batch (`foreachBatch`, overwrite of `batch=<id>`, "
+        'idempotent); quix-streams runs with `processing_guarantee="exactly-once"` and writes to a '
+        "Kafka topic in transactions (its exactly-once covers Kafka outputs only). onceflow's row in the "
+        "comparison is the exactly-once Parquet pipeline. Same data, same filter and projection, "
+        "`local[2]` for both Spark systems.",
+    ]
+    biggest = max(_sizes(results), key=int, default=None)
+    share = _startup_share(results, biggest) if biggest else None
+    if share is not None:
+        startup = median(results.get("spark_startup_s", []))
+        lines.append(
+            f"- **Pipeline vs the limit.** Every epoch is one spark-submit, whose start-up alone took "
+            f"{startup:.1f} s (median) here: {share[0] * 100:.0f} % of the files pipeline's wall time at "
+            f"{int(biggest):,} records. Without it the pipeline ran at {share[1]:,.0f} records/s. The rest "
+            "is "
+            "the row path: executors read and decode in Python (about 5 µs and 9 µs per record on one core "
+            "of this machine), hand rows to the JVM as pickled tuples (`createDataFrame` over an RDD), and "
+            "the sink writers get them back in Python (`rdd.mapPartitionsWithIndex`), so every record "
+            "crosses the Python/JVM boundary twice on 2 cores shared by driver, executors and the "
+            "services. Remedies, not simple enough to make in a benchmark change: a long-lived Spark "
+            "application serving several epochs (no start-up per epoch), and Arrow batches instead of "
+            "pickled rows between Python and the JVM (`mapInArrow` / Arrow-backed `createDataFrame`)."
+        )
+    measured_10m = "10000000" in results.get("commit_cost", {}).get("files", {})
+    lines += [
+        "- **Commit time.** PostgreSQL's commit is one `COMMIT PREPARED` per task, flat in the rows. The "
+        "files commit is one rename per task plus a log entry, but first re-hashes each staged file against "
+        "its pre-commit checksum, which grows with the file (about 0.1 s for 10^7 rows here). "
+        + (
+            "The 10^7 point is measured."
+            if measured_10m
+            else "The 10^7 point itself is measured only with `--full`."
+        )
+        + " The Kafka commit publishes the staged records inside the transaction, so it grows linearly "
+        "with the epoch by design (the Kafka sink has no 10^7 target).",
+        "",
+    ]
+    return lines
+
+
+def _throughput_section(results: dict[str, Any]) -> list[str]:
+    tp = results.get("throughput", {})
+    if not tp:
+        return []
+    lines = [
+        "## Throughput (records/s, end to end)",
+        "",
+        "End to end: from the first epoch's recover to the last epoch's commit for onceflow (one epoch per "
+        f"{results['meta']['batch_records']:,} records, each epoch one spark-submit), the whole spark-submit "
+        "for Structured Streaming, the whole process for quix-streams. The limit is one plain "
+        "confluent-kafka consumer reading every record, without decoding.",
+        "",
+        "| records | system | records/s | MB/s | × limit | in-job processing s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for size in _sizes(results):
+        rounds = tp[size]
+        limit = [r["limit"]["records_per_s"] for r in rounds]
+        mb = [r["limit"]["mb_per_s"] for r in rounds]
+        lines.append(
+            f"| {int(size):,} | limit: plain consumer | {_fmt(median(limit))} ({spread(limit)}) | "
+            f"{_fmt(median(mb))} | 1 | |"
+        )
+        for key, label in CONFIG_LABELS.items():
+            if key not in rounds[0]:
+                continue
+            rates = [r[key]["records_per_s"] for r in rounds]
+            share = [r[key]["records_per_s"] / r["limit"]["records_per_s"] for r in rounds]
+            job = [r[key].get("processing_s", math.nan) for r in rounds]
+            in_job = _fmt(median(job)) if key in ("spark_structured_streaming", "quix_streams") else ""
+            mb_rate = median(rates) * results["meta"]["record_bytes"] / 1e6
+            lines.append(
+                f"| {int(size):,} | {label} | {_fmt(median(rates))} ({spread(rates)}) | {_fmt(mb_rate)} | "
+                f"{median(share):.3f} | {in_job} |"
+            )
+    lines += ["", "Ratios (median of the per-round ratios):", ""]
+    lines += [
+        "| records | exactly-once ÷ at-least-once (PostgreSQL 2PC ÷ plain) | files pipeline ÷ limit | "
+        "files pipeline ÷ Structured Streaming | files pipeline ÷ quix-streams |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for size in _sizes(results):
+        rs = [ratios(r) for r in tp[size] if "files" in r]
+        if not rs:
+            continue
+        cells = []
+        for k in rs[0]:
+            values = [r[k] for r in rs if r[k] == r[k]]  # nan: not measured at this size
+            cells.append(f"{median(values):.3f} ({spread(values)})" if values else "not run")
+        lines.append(f"| {int(size):,} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _commit_section(results: dict[str, Any]) -> list[str]:
+    cost = results.get("commit_cost", {})
+    if not cost:
+        return []
+    sizes = sorted({s for by in cost.values() for s in by}, key=int)
+    lines = [
+        "## Commit time against epoch size (s)",
+        "",
+        "One epoch staged by 4 writers (one per partition), then committed by the sink's committer as the "
+        "coordinator does; only the commit is timed.",
+        "",
+        "| sink | " + " | ".join(f"{int(s):,} rows" for s in sizes) + " |",
+        "| --- |" + " --- |" * len(sizes),
+    ]
+    for kind, by_size in cost.items():
+        cells = [f"{_fmt(median(by_size[s]))} ({spread(by_size[s])})" if s in by_size else "" for s in sizes]
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _protocol_section(results: dict[str, Any]) -> list[str]:
+    protocol = results.get("sink_protocol", {})
+    if not protocol:
+        return []
+    lines = [
+        "## Exactly-once against at-least-once in the sink alone",
+        "",
+        "The same rows written by 4 writers, pre-committed and committed, without Spark: `plain` "
+        "(at-least-once, COPY, visible at once) then `postgres_2pc` (exactly-once: COPY in a prepared "
+        "transaction with a marker row, then COMMIT PREPARED), back to back in each round. Seconds for the "
+        "whole epoch; the ratio is at-least-once time ÷ exactly-once time, i.e. exactly-once throughput "
+        "as a fraction of at-least-once. `plain` commits every `batch_size` rows (default 1,000), each "
+        "commit a WAL flush, while the two-phase sink flushes once per task at PREPARE: that is why the "
+        "exactly-once sink is the faster one here.",
+        "",
+        "| rows | at-least-once s | exactly-once s | exactly-once ÷ at-least-once throughput |",
+        "| --- | --- | --- | --- |",
+    ]
+    for size in sorted(protocol, key=int):
+        rounds = protocol[size]
+        alo = [r["plain_s"] for r in rounds]
+        eo = [r["postgres_2pc_s"] for r in rounds]
+        ratio = [r["plain_s"] / r["postgres_2pc_s"] for r in rounds]
+        lines.append(
+            f"| {int(size):,} | {_fmt(median(alo))} ({spread(alo)}) | {_fmt(median(eo))} ({spread(eo)}) | "
+            f"{median(ratio):.3f} ({spread(ratio)}) |"
+        )
+    return [*lines, ""]
+
+
+def _overhead_section(results: dict[str, Any]) -> list[str]:
+    overhead = results.get("overhead")
+    if not overhead:
+        return []
+    backends = list(overhead["ledgers"])
+    steps = {b: epoch_steps(results, b) for b in backends}
+    lines = [
+        f"## Fixed cost of an epoch by step (s, epochs of {overhead['records_per_epoch']:,} records)",
+        "",
+        "Start-up is a spark-submit of a job that only starts and stops a SparkSession (median of "
+        f"{len(results.get('spark_startup_s', []))}); processing is the slice's spark-submit minus it. "
+        "Coordination = recover + plan + decision.",
+        "",
+        "| step | " + " | ".join(f"{b} ledger" for b in backends) + " |",
+        "| --- |" + " --- |" * len(backends),
+    ]
+    for step in (*STEPS, "coordination_s"):
+        label = STEP_LABELS.get(step, "coordination")
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{_fmt(median(steps[b][step]))} ({spread(steps[b][step])})" for b in backends)
+            + " |"
+        )
+    return [*lines, ""]
+
+
+def _memory_section(results: dict[str, Any]) -> list[str]:
+    tp = results.get("throughput", {})
+    lines = [
+        "## Peak memory (MB, resident)",
+        "",
+        "Sampled every 0.1 s over the spark-submit's process tree: the JVM (driver and, in local mode, the "
+        "executors), the executors' Python workers and the driver's Python process; the peak of their sum.",
+        "",
+        "| run | epoch records | total | JVM | Python workers | driver Python |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for size in _sizes(results):
+        epochs = [e for r in tp[size] if "files" in r for e in r["files"]["epochs"]]
+        if not epochs:
+            continue
+        lines.append(_memory_row(f"files pipeline, {int(size):,}-record topic", epochs))
+    bounded = results.get("memory_bounded")
+    if bounded:
+        lines.append(
+            _memory_row(
+                f"files pipeline, {bounded['topic_records']:,}-record topic, "
+                f"batch {bounded['batch_records']:,}",
+                bounded["epochs"],
+            )
+        )
+    return [*lines, ""]
+
+
+def _memory_row(label: str, epochs: list[dict[str, Any]]) -> str:
+    def cell(key: str) -> str:
+        values = [e[key] for e in epochs]
+        return f"{median(values):.0f} ({spread(values)})"
+
+    size = median(e["records"] for e in epochs)
+    return (
+        f"| {label} | {size:,.0f} | {cell('peak_total_mb')} | {cell('peak_jvm_mb')} | "
+        f"{cell('peak_python_workers_mb')} | {cell('peak_driver_python_mb')} |"
+    )
+
+
+def _legend(ax: Any, size: int) -> None:
+    if ax.get_legend_handles_labels()[0]:  # a smoke run has nothing to plot in some panels
+        ax.legend(fontsize=size)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    tp = results.get("throughput", {})
+    sizes = _sizes(results)
+    ax = axes[0][0]
+    keys = ["limit", *CONFIG_LABELS]
+    for key in keys:
+        xs = [int(s) for s in sizes if key in tp[s][0]]
+        ys = [median(r[key]["records_per_s"] for r in tp[str(x)]) for x in xs]
+        if xs:
+            ax.plot(
+                xs, ys, marker="o", label="limit (plain consumer)" if key == "limit" else CONFIG_LABELS[key]
+            )
+    ax.set(xscale="log", yscale="log", xlabel="records", ylabel="records/s", title="Throughput, end to end")
+    _legend(ax, 7)
+    ax = axes[0][1]
+    for kind, by_size in results.get("commit_cost", {}).items():
+        xs = sorted(by_size, key=int)
+        ax.plot([int(x) for x in xs], [median(by_size[x]) for x in xs], marker="o", label=kind)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="rows per epoch", ylabel="s", title="Commit time")
+    _legend(ax, 8)
+    ax = axes[1][0]
+    overhead = results.get("overhead")
+    if overhead:
+        backends = list(overhead["ledgers"])
+        bottom = [0.0] * len(backends)
+        for step in STEPS:
+            heights = [max(median(epoch_steps(results, b)[step]), 0.0) for b in backends]
+            ax.bar(backends, heights, bottom=bottom, label=STEP_LABELS[step])
+            bottom = [a + b for a, b in zip(bottom, heights, strict=True)]
+        ax.set(ylabel="s", title="Fixed cost of a small epoch by step")
+        _legend(ax, 7)
+    ax = axes[1][1]
+    labels, totals = [], []
+    for size in sizes:
+        epochs = [e for r in tp[size] if "files" in r for e in r["files"]["epochs"]]
+        if epochs:
+            labels.append(f"{int(size):,}")
+            totals.append(median(e["peak_total_mb"] for e in epochs))
+    bounded = results.get("memory_bounded")
+    if bounded:
+        labels.append(f"{bounded['topic_records']:,}\nbatch {bounded['batch_records']:,}")
+        totals.append(median(e["peak_total_mb"] for e in bounded["epochs"]))
+    if labels:
+        ax.bar(labels, totals)
+    ax.set(xlabel="topic records", ylabel="MB", title="Peak resident memory per epoch (files pipeline)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write(results: dict[str, Any], out: Path) -> None:
+    """report.md, and report.png when matplotlib (the ``bench`` extra) is installed."""
+    text = markdown(results)
+    try:
+        plot(results, out / "report.png")
+    except ImportError:
+        text = text.replace("![plots](report.png)", "(no plot: install the `bench` extra for matplotlib)")
+    (out / "report.md").write_text(text)
+
+
+def main() -> None:
+    """``python -m bench.report [report.json]``: render report.md and report.png again from the JSON."""
+    import json
+    import sys
+
+    source = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "report.json"
+    write(json.loads(source.read_text()), source.parent)
+
+
+if __name__ == "__main__":
+    main()

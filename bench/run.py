@@ -1,0 +1,356 @@
+"""`python -m bench.run` (and `make bench`): every benchmark, then bench/report.md, report.json, report.png.
+
+Steps:
+1. spark-submit start-up, with a job that does nothing;
+2. the fixed cost of an epoch by step, with an SQLite and a PostgreSQL ledger (small epochs);
+3. commit time against epoch size for each two-phase sink (no Spark);
+4. per data-set size, ``--runs`` rounds of: the plain consumer's read rate (the limit), onceflow
+   exactly-once to Parquet files, exactly-once to PostgreSQL (2PC), at-least-once to PostgreSQL (plain),
+   Spark Structured Streaming and quix-streams; every ratio is taken within a round, then the median;
+5. peak memory of epochs of a fixed batch on the largest data set;
+6. the report.
+
+Needs the stack's services (``eval "$(make -s services)"``). Writes only under ``--workdir`` (deleted
+afterwards), to uniquely named topics, tables and databases (dropped afterwards), and to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import commit_cost, report
+from bench.dataset import PARTITIONS, RECORD_BYTES, Dataset, create_topic, delete_topics, kept, produce
+from bench.epochs import PipelineRun, run_to_end
+from bench.ledgers import postgres_ledger, sqlite_ledger
+from bench.limit import read_all
+from bench.pipelines import bench_pipeline
+from onceflow.config import Settings
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_SIZES = (100_000, 1_000_000)
+FULL_SIZES = (100_000, 1_000_000, 10_000_000)
+COMMIT_SIZES = (10_000, 100_000, 1_000_000)
+BATCH_PER_PARTITION = 250_000  # 10^6 records per epoch over 4 partitions
+MEMORY_BATCH_PER_PARTITION = 25_000  # 10^5 records per epoch
+PIPELINE_CONFIGS = ("files", "postgres_2pc", "plain")
+
+
+def say(message: str) -> None:
+    print(f"[onceflow bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class Bench:
+    def __init__(self, settings: Settings, workdir: Path, runs: int) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.runs = runs
+        self.results: dict[str, Any] = {}
+        self.merge_into: dict[str, Any] | None = None  # --merge: earlier results that new ones update
+
+    def record(self, key: str, value: Any) -> None:
+        """Store a step's results; with --merge, update the earlier ones size by size."""
+        previous = (self.merge_into or {}).get(key)
+        self.results[key] = _deep_merge(previous, value) if isinstance(previous, dict) else value
+
+    # 1.
+    def spark_startup(self) -> None:
+        from bench.spark_startup import spark_startup_s
+
+        self.record("spark_startup_s", [spark_startup_s(self.settings) for _ in range(self.runs)])
+        say(f"spark-submit start-up: {self.results['spark_startup_s']}")
+
+    # 2.
+    def epoch_overhead(self) -> None:
+        per_epoch = 1000
+        data = produce(self.settings.kafka_bootstrap, per_epoch * self.runs, "bench-overhead")
+        out: dict[str, Any] = {}
+        try:
+            for backend, ledger in (
+                ("sqlite", lambda: sqlite_ledger(self.workdir)),
+                ("postgresql", lambda: postgres_ledger(self.settings.pg_dsn)),
+            ):
+                with ledger() as url:
+                    settings = dataclasses.replace(self.settings, ledger_url=url)
+                    run = self._pipeline("files", data, settings, per_epoch // PARTITIONS)
+                out[backend] = run.to_dict()["epochs"]
+                say(f"epoch overhead with the {backend} ledger: {len(run.epochs)} epochs")
+        finally:
+            delete_topics(self.settings.kafka_bootstrap, [data.topic])
+        self.record("overhead", {"records_per_epoch": per_epoch, "ledgers": out})
+
+    # 3.
+    def commit_cost(self, sizes: tuple[int, ...]) -> None:
+        topic = create_topic(self.settings.kafka_bootstrap, "bench-commit")
+        out: dict[str, dict[str, list[float]]] = {}
+        try:
+            for kind in commit_cost.SINK_KINDS:
+                for rows in sizes:
+                    seconds = [
+                        commit_cost.commit_seconds(kind, rows, self.workdir, self.settings.pg_dsn, topic)
+                        for _ in range(self.runs)
+                    ]
+                    out.setdefault(kind, {})[str(rows)] = seconds
+                    say(f"commit {kind} {rows} rows: {[round(s, 3) for s in seconds]}")
+        finally:
+            delete_topics(self.settings.kafka_bootstrap, [topic])
+        self.record("commit_cost", out)
+
+    # 3b.
+    def sink_protocol(self, sizes: tuple[int, ...]) -> None:
+        """Exactly-once against at-least-once in the sink alone, without Spark's noise: per round, the
+        same rows written, pre-committed and committed through ``plain`` and then ``postgres_2pc``."""
+        topic = create_topic(self.settings.kafka_bootstrap, "bench-protocol")
+        out: dict[str, list[dict[str, float]]] = {}
+        try:
+            for rows in sizes:
+                rounds = []
+                for _ in range(self.runs):
+                    entry: dict[str, float] = {}
+                    for kind in ("plain", "postgres_2pc"):
+                        stage_s, commit_s = commit_cost.stage_and_commit_seconds(
+                            kind, rows, self.workdir, self.settings.pg_dsn, topic
+                        )
+                        entry[f"{kind}_s"] = stage_s + commit_s
+                    rounds.append(entry)
+                out[str(rows)] = rounds
+                say(f"sink protocol {rows} rows: {rounds}")
+        finally:
+            delete_topics(self.settings.kafka_bootstrap, [topic])
+        self.record("sink_protocol", out)
+
+    # 4.
+    def throughput(self, sizes: tuple[int, ...], pg_sizes: tuple[int, ...], peers: bool) -> None:
+        """``pg_sizes``: the sizes at which the PostgreSQL pair (exactly-once 2PC, at-least-once plain)
+        runs too; the files pipeline and the peers run at every size."""
+        from bench.peers import runs as peer_runs
+
+        out: dict[str, Any] = {}
+        for size in sizes:
+            data = produce(self.settings.kafka_bootstrap, size)
+            say(f"data set: {size} records in {data.topic} (produced in {data.produce_s:.1f}s)")
+            rounds = []
+            try:
+                for n in range(self.runs):
+                    entry: dict[str, Any] = {"load_before": load_average()}
+                    limit = read_all(self.settings.kafka_bootstrap, data)
+                    entry["limit"] = {"records_per_s": limit.records_per_s, "mb_per_s": limit.mb_per_s}
+                    for config in PIPELINE_CONFIGS:
+                        if config != "files" and size not in pg_sizes:
+                            continue
+                        run = self._pipeline(config, data, self.settings, BATCH_PER_PARTITION)
+                        entry[config] = run.to_dict()
+                    if peers:
+                        sss = peer_runs.structured_streaming(
+                            self.settings, data, self.workdir, BATCH_PER_PARTITION * PARTITIONS
+                        )
+                        entry["spark_structured_streaming"] = dataclasses.asdict(sss) | {
+                            "records_per_s": sss.records_per_s
+                        }
+                        quix = peer_runs.quix(self.settings, data)
+                        entry["quix_streams"] = dataclasses.asdict(quix) | {
+                            "records_per_s": quix.records_per_s
+                        }
+                    entry["load_after"] = load_average()
+                    rounds.append(entry)
+                    say(f"{size} records, round {n + 1}: " + _round_summary(entry))
+            finally:
+                delete_topics(self.settings.kafka_bootstrap, [data.topic])
+            out[str(size)] = rounds
+        self.record("throughput", out)
+
+    def limit_only(self, sizes: tuple[int, ...]) -> None:
+        """The smoke run's stand-in for step 4: the read limit only, no Spark."""
+        out: dict[str, Any] = {}
+        for size in sizes:
+            data = produce(self.settings.kafka_bootstrap, size)
+            try:
+                limit = read_all(self.settings.kafka_bootstrap, data)
+            finally:
+                delete_topics(self.settings.kafka_bootstrap, [data.topic])
+            out[str(size)] = [{"limit": {"records_per_s": limit.records_per_s, "mb_per_s": limit.mb_per_s}}]
+        self.record("throughput", out)
+
+    # 5.
+    def memory(self, size: int) -> None:
+        """Epochs of a fixed batch (10^5 records) taken from a data set 10x (or more) larger."""
+        batch = MEMORY_BATCH_PER_PARTITION * PARTITIONS
+        epochs = max(self.runs, 1)
+        data = produce(self.settings.kafka_bootstrap, max(size, 10 * batch), "bench-memory")
+        try:
+            run = self._pipeline(
+                "files", data, self.settings, MEMORY_BATCH_PER_PARTITION, stop_after=batch * epochs
+            )
+        finally:
+            delete_topics(self.settings.kafka_bootstrap, [data.topic])
+        self.results["memory_bounded"] = {  # replaced whole: its epochs belong to one run
+            "topic_records": data.records,
+            "batch_records": batch,
+            **run.to_dict(),
+        }
+        say(f"memory: {len(run.epochs)} epochs of {batch} from a topic of {data.records}")
+
+    def _pipeline(
+        self,
+        config: str,
+        data: Dataset,
+        settings: Settings,
+        batch_per_partition: int,
+        *,
+        stop_after: int | None = None,
+    ) -> PipelineRun:
+        from bench import sinks_check
+
+        name = f"bench-{config.replace('_', '')}-{uuid.uuid4().hex[:8]}"
+        spec = bench_pipeline(config, name, data.topic, self.workdir, batch_per_partition=batch_per_partition)
+        records = min(stop_after or data.records, data.records)
+        run = run_to_end(spec, settings, records)
+        try:
+            if stop_after is None:
+                expected = kept(data.records)
+                visible = sinks_check.visible_rows(spec, settings)
+                if run.committed_rows != expected or visible != expected:
+                    raise RuntimeError(
+                        f"{name}: {run.committed_rows} rows committed and {visible} visible, "
+                        f"expected {expected}"
+                    )
+        finally:
+            sinks_check.drop_output(spec, settings)
+        return run
+
+
+def _round_summary(entry: dict[str, Any]) -> str:
+    parts = [f"limit {entry['limit']['records_per_s']:.0f}/s"]
+    for key in (*PIPELINE_CONFIGS, "spark_structured_streaming", "quix_streams"):
+        if key in entry:
+            parts.append(f"{key} {entry[key]['records_per_s']:.0f}/s")
+    return ", ".join(parts)
+
+
+def _deep_merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(old)
+    for key, value in new.items():
+        merged[key] = _deep_merge(old[key], value) if isinstance(old.get(key), dict) else value
+    return merged
+
+
+def _save(results: dict[str, Any], out: Path, started: float) -> None:
+    meta = results["meta"]
+    this_run = meta["merged"][-1] if meta.get("merged") else meta  # a merge keeps the first run's times
+    this_run["load_after"] = load_average()
+    this_run["duration_s"] = time.time() - started
+    (out / "report.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+    report.write(results, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="onceflow benchmarks: writes bench/report.md, .json, .png")
+    parser.add_argument("--sizes", help="comma-separated data-set sizes (default 10^5,10^6)")
+    parser.add_argument("--full", action="store_true", help="sizes 10^5, 10^6 and 10^7, commit up to 10^7")
+    parser.add_argument(
+        "--pg-sizes", help="sizes at which the PostgreSQL exactly-once/at-least-once pair runs (default: all)"
+    )
+    parser.add_argument("--commit-sizes", help="comma-separated epoch sizes for the commit benchmark")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (>= 3 for the report)")
+    parser.add_argument("--out", type=Path, default=HERE, help="folder for report.md/json/png")
+    parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp one)")
+    parser.add_argument(
+        "--steps",
+        help="comma-separated subset of: startup,overhead,commit,protocol,throughput,memory (default: all)",
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="update --out/report.json with these steps' results"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, one run, no Spark: checks the harness and report"
+    )
+    args = parser.parse_args(argv)
+
+    settings = Settings.from_env()
+    sizes = FULL_SIZES if args.full else DEFAULT_SIZES
+    if args.sizes:
+        sizes = tuple(int(float(s)) for s in args.sizes.split(","))
+    commit_sizes = (*COMMIT_SIZES, 10_000_000) if args.full else COMMIT_SIZES
+    pg_sizes = tuple(int(float(s)) for s in args.pg_sizes.split(",")) if args.pg_sizes else sizes
+    if args.commit_sizes:
+        commit_sizes = tuple(int(float(s)) for s in args.commit_sizes.split(","))
+    if args.smoke:
+        sizes, commit_sizes = (2_000,), (1_000,)
+    workdir = args.workdir or Path(f"/tmp/onceflow-bench-{uuid.uuid4().hex[:8]}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    settings = dataclasses.replace(settings, home=workdir)
+    with sqlite_ledger(workdir) as url:
+        settings = dataclasses.replace(settings, ledger_url=url)
+    bench = Bench(settings, workdir, 1 if args.smoke else args.runs)
+    started = time.time()
+    bench.results["meta"] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": "python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "sizes": list(sizes),
+        "commit_sizes": list(commit_sizes),
+        "pg_sizes": list(pg_sizes),
+        "runs": bench.runs,
+        "record_bytes": RECORD_BYTES,
+        "partitions": PARTITIONS,
+        "batch_records": BATCH_PER_PARTITION * PARTITIONS,
+        "cpus": os.cpu_count(),
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "load_before": load_average(),
+        "smoke": args.smoke,
+    }
+    protocol_sizes = (1_000,) if args.smoke else tuple(s for s in commit_sizes if s >= 100_000)
+    all_steps: dict[str, Callable[[], None]] = {
+        "startup": bench.spark_startup,
+        "overhead": bench.epoch_overhead,
+        "commit": lambda: bench.commit_cost(commit_sizes),
+        "protocol": lambda: bench.sink_protocol(protocol_sizes),
+        "throughput": lambda: bench.throughput(sizes, pg_sizes, peers=True),
+        "memory": lambda: bench.memory(max(sizes)),
+    }
+    if args.smoke:
+        all_steps = {
+            "commit": all_steps["commit"],
+            "protocol": all_steps["protocol"],
+            "limit": lambda: bench.limit_only(sizes),
+        }
+    chosen = args.steps.split(",") if args.steps else list(all_steps)
+    unknown = sorted(set(chosen) - set(all_steps))
+    if unknown:
+        parser.error(f"unknown steps {unknown}; known: {', '.join(all_steps)}")
+    steps = [(name, all_steps[name]) for name in chosen]
+    if args.merge and (args.out / "report.json").exists():
+        previous = json.loads((args.out / "report.json").read_text())
+        merged_meta = {**previous.get("meta", {}), "merged": [*previous.get("meta", {}).get("merged", [])]}
+        merged_meta["merged"].append({"steps": chosen, **bench.results["meta"]})
+        bench.results = {**previous, "meta": merged_meta}
+        bench.merge_into = previous
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        for title, step in steps:
+            say(f"step: {title}")
+            step()
+            _save(bench.results, args.out, started)  # a stopped run still leaves the steps it finished
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    say(f"wrote {args.out / 'report.md'} in {time.time() - started:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
