@@ -41,6 +41,8 @@ def airflow_environment(
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(project_root / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "ONCEFLOW_SPARK_JOBS": str(project_root / "spark_jobs"),
+            # examples/ (the example pipelines) must be importable by tasks and by spark-submit.
+            "PYTHONPATH": os.pathsep.join(p for p in (str(project_root), env.get("PYTHONPATH", "")) if p),
         }
     )
     env.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL_SPARK_CONNECTION)

@@ -1,0 +1,1 @@
+"""Example onceflow pipelines (import them as ``examples.<name>.pipeline:<SPEC>``)."""
