@@ -22,14 +22,18 @@ def rejection_reason(frame: Any) -> Any:
 
 
 def validate_and_enrich(frame: Any) -> dict[str, Any]:
-    """{sink: DataFrame}: valid orders (with ``amount_eur``) for PostgreSQL and Kafka, rejects with reasons."""
+    """{sink: DataFrame}: valid orders (plus ``amount_eur``) to PostgreSQL and Kafka, rejects with reasons."""
     from pyspark.sql import functions as F
 
     checked = frame.withColumn("reason", rejection_reason(frame))
     valid = checked.where(F.col("reason").isNull())
     rate = F.create_map(*[x for code, r in EUR_RATES.items() for x in (F.lit(code), F.lit(r))])
     enriched = valid.withColumn("amount_eur", F.round(F.col("amount") * rate[F.col("currency")], 2))
-    size = F.when(F.col("amount_eur") >= 500, "large").when(F.col("amount_eur") >= 50, "medium").otherwise("small")
+    size = (
+        F.when(F.col("amount_eur") >= 500, "large")
+        .when(F.col("amount_eur") >= 50, "medium")
+        .otherwise("small")
+    )
     kafka = enriched.select(
         F.col("customer").alias("key"),
         F.to_json(

@@ -74,7 +74,9 @@ def run_interval(context: Any, mode: str) -> tuple[datetime, datetime] | None:
         return None
     if end <= start:
         if mode == "bound":
-            raise AirflowFailException(f"interval=bound, but the run's data interval {start} .. {end} is empty")
+            raise AirflowFailException(
+                f"interval=bound, but the run's data interval {start} .. {end} is empty"
+            )
         return None
     return (start, end)
 
