@@ -6,6 +6,7 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from examples.orders.transform import EUR_RATES, MAX_ITEMS
 
@@ -36,7 +37,7 @@ def make_orders(first_id: int, count: int, *, seed: int = 7, bad_every: int = 25
     data = OrdersData()
     for n in range(count):
         order_id = first_id + n
-        order = {
+        order: dict[str, Any] = {
             "order_id": order_id,
             "customer": rng.choice(CUSTOMERS),
             "amount": round(rng.uniform(1, 900), 2),

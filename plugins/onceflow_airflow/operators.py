@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from onceflow.engine import steps
 from onceflow.ledger import EpochStatus, Ledger
@@ -59,8 +59,32 @@ class OnceflowRecoverOperator(_OnceflowOperator):
     """Finish what a crash left behind: commit a decided epoch, roll back an undecided one, sweep."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        report = steps.recover(self.spec(), self.hook().export(), log=self.say)
+        spec, settings = self.spec(), self.hook().export()
+        self._refuse_if_another_run_is_active(context, spec, settings)
+        report = steps.recover(spec, settings, log=self.say)
         return report.to_dict()
+
+    def _refuse_if_another_run_is_active(self, context: Any, spec: Pipeline, settings: Any) -> None:
+        """Recovery must never roll back an epoch that another, still running DAG run is processing.
+
+        ``max_active_runs=1`` prevents that for scheduled runs, but a backfill has its own limit
+        (``airflow backfill create --max-active-runs``, default 10).
+        """
+        with Ledger.connect(settings.ledger_url) as ledger:
+            epoch = ledger.open_epoch(spec.name)
+        this_run = context["dag_run"].run_id
+        if epoch is None or epoch.run_id in (None, this_run):
+            return
+        try:
+            state = str(context["ti"].get_dagrun_state(dag_id=context["dag"].dag_id, run_id=epoch.run_id))
+        except Exception:  # the run belongs to another DAG or no longer exists: it is not active
+            return
+        if state.lower().rsplit(".", 1)[-1] in ("queued", "running"):
+            raise AirflowException(
+                f"{epoch} belongs to DAG run {epoch.run_id}, which is still {state}; this run waits for it "
+                "(retried). Epochs of a pipeline run one at a time: backfill with "
+                "`airflow backfill create --max-active-runs 1`"
+            )
 
 
 def run_interval(context: Any, mode: str) -> tuple[datetime, datetime] | None:
@@ -70,7 +94,8 @@ def run_interval(context: Any, mode: str) -> tuple[datetime, datetime] | None:
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
     if mode == "ignore" or start is None or end is None:
         return None
-    if mode == "auto" and str(context["dag_run"].run_type) not in ("scheduled", "backfill"):
+    run_type = context["dag_run"].run_type
+    if mode == "auto" and str(getattr(run_type, "value", run_type)) not in ("scheduled", "backfill"):
         return None
     if end <= start:
         if mode == "bound":
