@@ -71,22 +71,32 @@ def produce(
     records: Sequence[tuple[bytes | None, bytes]],
     *,
     timestamp_ms: int | None = None,
-    transactional_id: str | None = None,
+    transactional: bool = True,
 ) -> None:
-    """Write the records in one Kafka transaction (optionally all with one timestamp, for intervals)."""
+    """Write the records, in one Kafka transaction unless ``transactional`` is False.
+
+    Back-dated records (``timestamp_ms`` in the past, e.g. to fill past data intervals) must be written
+    without a transaction: its commit marker gets the broker's current time, so offsets_for_times of any
+    earlier instant would find the marker and end every later interval there.
+    """
     import uuid
 
     from confluent_kafka import Producer
 
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "transactional.id": transactional_id or f"orders-{uuid.uuid4().hex}"}
-    )
-    producer.init_transactions(30)
-    producer.begin_transaction()
+    config = {"bootstrap.servers": bootstrap, "enable.idempotence": True}
+    if transactional:
+        config["transactional.id"] = f"orders-{uuid.uuid4().hex}"
+    producer = Producer(config)
+    if transactional:
+        producer.init_transactions(30)
+        producer.begin_transaction()
     for key, value in records:
         if timestamp_ms is None:
             producer.produce(topic, key=key, value=value)
         else:
             producer.produce(topic, key=key, value=value, timestamp=timestamp_ms)
         producer.poll(0)
-    producer.commit_transaction(60)
+    if transactional:
+        producer.commit_transaction(60)
+    elif producer.flush(60):
+        raise RuntimeError(f"records to {topic} were not all delivered")

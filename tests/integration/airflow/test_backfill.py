@@ -81,16 +81,20 @@ def scheduler_env(orders_stack, tmp_path: Path) -> Iterator[dict[str, str]]:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _runs(env: dict[str, str]) -> dict[str, str]:
+def _runs(env: dict[str, str]) -> tuple[dict[str, str], int]:
+    """Run states, and how many backfills the scheduler has not marked completed yet."""
     with contextlib.closing(sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db")) as db:
-        return dict(db.execute("SELECT run_id, state FROM dag_run WHERE dag_id = ?", (DAG,)).fetchall())
+        runs = dict(db.execute("SELECT run_id, state FROM dag_run WHERE dag_id = ?", (DAG,)).fetchall())
+        open_backfills = db.execute("SELECT count(*) FROM backfill WHERE completed_at IS NULL").fetchone()[0]
+    return runs, int(open_backfills)
 
 
 def _wait_for_runs(env: dict[str, str], count: int, timeout: float = 600) -> dict[str, str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        runs = _runs(env)
-        if len(runs) >= count and all(state in ("success", "failed") for state in runs.values()):
+        runs, open_backfills = _runs(env)
+        done = all(state in ("success", "failed") for state in runs.values())
+        if len(runs) >= count and done and open_backfills == 0:
             return runs
         time.sleep(3)
     pytest.fail(f"backfill runs did not finish in {timeout} s: {_runs(env)}")
@@ -115,7 +119,7 @@ def test_backfill_processes_each_interval_once_and_a_rerun_is_a_no_op(
     batches = [make_orders(1000 * i, 8 + i, bad_every=1000) for i in range(3)]
     for i, batch in enumerate(batches):
         stamp = int((t0 + i * HOUR + timedelta(minutes=10)).timestamp() * 1000)
-        produce(settings.kafka_bootstrap, stack.topic, batch.records, timestamp_ms=stamp)
+        produce(settings.kafka_bootstrap, stack.topic, batch.records, timestamp_ms=stamp, transactional=False)
     # Newer records, after the backfilled range: no backfill epoch may read them.
     late = make_orders(9000, 5, bad_every=1000)
     produce(settings.kafka_bootstrap, stack.topic, late.records)
