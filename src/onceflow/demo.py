@@ -188,8 +188,9 @@ def main() -> int:
             parts = ledger.participants(orders.NAME, e.number)
             span = sum(r.span for r in e.ranges)
             written = sum(p.record_count for p in parts if p.sink == "orders_pg")
-            reason = f"  {e.abort_reason[:70]}" if e.abort_reason else ""
-            rows.append(f"    {e.number:>3}  {e.status!s:<10} {span:>6} offsets  {written:>5} orders{reason}")
+            what = "orders staged, rolled back" if e.abort_reason else "orders"
+            reason = f" ({e.abort_reason[:60]}...)" if e.abort_reason else ""
+            rows.append(f"    {e.number:>3}  {e.status!s:<10} {span:>6} offsets  {written:>5} {what}{reason}")
     reasons = Counter(d.letter.reason.split(":")[0] for d in letters)
     reasons.update(str(r[1]).split(":")[0] for r in rejected)
     missing = len(expected - set(pg_ids)) + len(expected - set(kafka_ids))
