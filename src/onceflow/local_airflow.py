@@ -85,10 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     settings = Settings.from_env()
     root = Path(__file__).resolve().parents[2]
-    env = {
-        **airflow_environment(settings, root, settings.home / "airflow"),
-        **examples_environment(settings.home),
-    }
+    # Variables already set in the environment win over the demo's examples.env.
+    base = {**examples_environment(settings.home), **os.environ}
+    env = airflow_environment(settings, root, settings.home / "airflow", base)
     migrate(env)
     airflow = str(Path(sys.executable).parent / "airflow")
     return subprocess.run([airflow, *args], env=env, check=False).returncode
