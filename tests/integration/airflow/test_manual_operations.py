@@ -115,6 +115,9 @@ def test_cli_commit_after_outage_and_abort(orders_stack, settings) -> None:
     stack = orders_stack
     first = make_orders(0, 30)
     produce(settings.kafka_bootstrap, stack.topic, first.records)
+    preview = _onceflow(stack, "preview", stack.pipeline, "--max-records-per-partition", "10")
+    assert preview.returncode == 0 and "would read 10 offsets" in preview.stdout, preview.stderr
+    assert epochs(stack.ledger_url, stack.pipeline) == []  # a preview writes nothing
     dags_test(stack.env, DAG, mark_success=UP_TO_PRECOMMIT)
 
     stack.set_database_online(settings.pg_dsn, False)
