@@ -77,8 +77,12 @@ class OnceflowRecoverOperator(_OnceflowOperator):
             return
         try:
             state = str(context["ti"].get_dagrun_state(dag_id=context["dag"].dag_id, run_id=epoch.run_id))
-        except Exception:  # the run belongs to another DAG or no longer exists: it is not active
+        except Exception as exc:  # the run belongs to another DAG or no longer exists: it is not active
+            self.log.info(
+                "onceflow: %s belongs to run %s, not found in this DAG (%s)", epoch, epoch.run_id, exc
+            )
             return
+        self.log.info("onceflow: %s belongs to DAG run %s, which is %s", epoch, epoch.run_id, state)
         if state.lower().rsplit(".", 1)[-1] in ("queued", "running"):
             raise AirflowException(
                 f"{epoch} belongs to DAG run {epoch.run_id}, which is still {state}; this run waits for it "
