@@ -23,6 +23,7 @@ from onceflow.errors import OnceflowError
 
 if TYPE_CHECKING:
     from onceflow.ledger import Epoch, Ledger
+    from onceflow.pipeline import Pipeline
     from onceflow.sinks.base import SinkCommitter
 
 EXIT_ERROR = 1
@@ -52,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     recover = sub.add_parser("recover", help="finish or roll back the epoch in flight, sweep orphans")
     recover.add_argument("pipeline")
     recover.add_argument("--json", action="store_true", help="machine-readable output")
+
+    preview = sub.add_parser("preview", help="print the next epoch's ranges; changes nothing (a dry run)")
+    preview.add_argument("pipeline")
+    preview.add_argument("--max-records-per-partition", type=int, default=None)
 
     commit = sub.add_parser("commit", help="commit an epoch (allowed once every participant pre-committed)")
     commit.add_argument("pipeline")
@@ -203,6 +208,35 @@ def _cmd_recover(ledger: Ledger, args: argparse.Namespace) -> int:
     return 0
 
 
+def _spec(pipeline: str) -> Pipeline:
+    from onceflow.engine.sinks import PIPELINES_ENV
+    from onceflow.errors import ConfigError
+    from onceflow.pipeline import load_pipeline
+
+    paths = [p.strip() for p in os.environ.get(PIPELINES_ENV, "").split(",") if p.strip()]
+    for path in paths:
+        spec = load_pipeline(path)
+        if spec.name == pipeline:
+            return spec
+    raise ConfigError(f"pipeline {pipeline!r} is not among the specs in {PIPELINES_ENV}={','.join(paths)!r}")
+
+
+def _cmd_preview(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+    from onceflow.engine.steps import describe_slices, preview
+
+    plan, slices = preview(
+        _spec(args.pipeline),
+        ledger,
+        settings or Settings.from_env(),
+        max_records_per_partition=args.max_records_per_partition,
+    )
+    print(
+        f"the next epoch of {args.pipeline!r} would read {plan.span} offsets in {len(plan.ranges)} partitions"
+    )
+    print("\n".join(describe_slices(plan, slices)))
+    return 0
+
+
 def _cmd_commit(ledger: Ledger, args: argparse.Namespace) -> int:
     epoch = ledger.epoch(args.pipeline, args.epoch)
     done = ledger.commit_epoch(args.pipeline, args.epoch, _committers(args.pipeline, epoch.sinks))
@@ -235,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
             return _cmd_epochs(ledger, args)
         if args.command == "status":
             return _cmd_status(ledger, args, settings)
+        if args.command == "preview":
+            return _cmd_preview(ledger, args, settings)
         if args.command == "recover":
             return _cmd_recover(ledger, args)
         if args.command == "commit":

@@ -1,118 +1,229 @@
-"""`make demo`: a first round trip through the local stack.
+"""`make demo`: the orders example through Airflow, Spark, PostgreSQL and Kafka, with a crash on the way.
 
-Kafka (transactions, one of them aborted) -> Airflow (`airflow dags test onceflow_smoke`) ->
-spark-submit -> executors reading the exact offset range with read_committed -> a report that checks
-every committed record arrived once and no aborted record did.
+1. Fresh topics and tables for this demo run (so a second `make demo` works on the same stack), and
+   ``<home>/examples.env`` naming them, so that `make airflow-ui` shows the same pipeline and data.
+2. Produce a reproducible orders data set (with undecodable records and business-rule rejects).
+3. Run the ``onceflow_orders`` DAG with ``airflow dags test``, one run per epoch, each bounded by the
+   ``max_records_per_partition`` param, until the pipeline has no lag. During the second run, a Spark
+   job is killed with SIGKILL mid-epoch: that run's ``abort`` task rolls the epoch back, and the next
+   run replays its range.
+4. Check the sinks against the data set and print a report.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from onceflow.config import Settings
-from onceflow.local_airflow import airflow_environment, migrate, run_airflow
-from onceflow.sources.kafka_metadata import KafkaMetadata
+from onceflow.errors import OnceflowError
+from onceflow.ledger import Ledger
+from onceflow.local_airflow import EXAMPLES_ENV, airflow_environment, migrate, run_airflow
 
-TOPIC = "onceflow-demo-smoke"
-BATCHES = 10
-BATCH_SIZE = 200
-ABORTED_BATCH = 4
+ORDERS = 1500
+PARTITIONS = 3
+MAX_RECORDS_PER_PARTITION = 200
+KILLED_RUN = 2  # the demo run (1-based) whose slice 1 Spark driver gets SIGKILL
+MAX_RUNS = 12
 
 
 def _say(message: str) -> None:
     print(f"[onceflow demo] {message}", file=sys.stderr, flush=True)
 
 
-def _ensure_topic(bootstrap: str) -> None:
+def _create_topics(bootstrap: str, topics: Mapping[str, int]) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    if TOPIC not in admin.list_topics(timeout=15).topics:
-        _say(f"creating topic {TOPIC}")
-        admin.create_topics([NewTopic(TOPIC, num_partitions=1, replication_factor=1)])[TOPIC].result(30)
+    new = [NewTopic(t, num_partitions=n, replication_factor=1) for t, n in topics.items()]
+    for topic, future in admin.create_topics(new).items():
+        future.result(30)
+        _say(f"created topic {topic}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        listed = admin.list_topics(timeout=10).topics
+        if all(t in listed and len(listed[t].partitions) == n for t, n in topics.items()):
+            return
+        time.sleep(0.2)
 
 
-def _end_offset(bootstrap: str) -> int:
-    """The demo partition's last stable offset: where a read_committed reader's view ends."""
+def _lag(settings: Settings, pipeline: str, topic: str) -> int:
+    from onceflow.sources.kafka_metadata import KafkaMetadata
+
+    with Ledger.connect(settings.ledger_url) as ledger:
+        committed = ledger.committed_offsets(pipeline)
+    with KafkaMetadata(settings.kafka_bootstrap) as metadata:
+        parts = metadata.partitions([topic])
+    return sum(p.stable - committed.get(p.key, 0) for p in parts)
+
+
+def _kill_slice_driver(slice_number: int, stop: threading.Event) -> list[str]:
+    """Wait for the Spark driver of one slice, let it run a few seconds, then SIGKILL it."""
+    import psutil  # type: ignore[import-untyped]
+
+    killed: list[str] = []
+
+    def hunt() -> None:
+        while not stop.is_set():
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                cmd = proc.info["cmdline"] or []
+                if (
+                    any(part.endswith("onceflow_process.py") for part in cmd)
+                    and "--slice" in cmd
+                    and cmd[cmd.index("--slice") + 1] == str(slice_number)
+                    and "python" in Path(cmd[0]).name
+                ):
+                    time.sleep(6)  # mid-epoch: slice 0 has pre-committed, this slice is reading
+                    with_epoch = cmd[cmd.index("--epoch") + 1]
+                    os.kill(proc.info["pid"], signal.SIGKILL)
+                    killed.append(f"epoch {with_epoch}, slice {slice_number}, pid {proc.info['pid']}")
+                    _say(f"SIGKILL sent to the Spark driver of {killed[-1]}")
+                    return
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=hunt, daemon=True)
+    thread.start()
+    return killed
+
+
+def _read_topic(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    from onceflow.offsets import OffsetRange
+    from onceflow.sources.kafka_metadata import KafkaMetadata
+    from onceflow.sources.kafka_range import read_range
+
     with KafkaMetadata(bootstrap) as metadata:
-        return metadata.partitions([TOPIC])[0].stable
+        parts = metadata.partitions([topic])
+    out = []
+    for p in parts:
+        for record in read_range(bootstrap, OffsetRange(topic, p.partition, 0, p.stable)):
+            out.append(json.loads(record.value or b"{}"))
+    return out
 
 
-def _produce(bootstrap: str, run: str) -> tuple[int, list[str]]:
-    """Append this run's batches; return the start offset and the values that were committed."""
-    from confluent_kafka import Producer
+def _pg(dsn: str, sql: str) -> list[tuple[Any, ...]]:
+    import psycopg
 
-    start = _end_offset(bootstrap)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return list(conn.execute(sql).fetchall())
 
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"onceflow-demo-{run}"})
-    producer.init_transactions(30)
-    committed: list[str] = []
-    for batch in range(BATCHES):
-        values = [f"{run}:{batch}:{i}" for i in range(BATCH_SIZE)]
-        producer.begin_transaction()
-        for value in values:
-            producer.produce(TOPIC, value=value.encode())
-        producer.flush(30)
-        if batch == ABORTED_BATCH:
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(30)
-            committed.extend(values)
-    _say(
-        f"produced {BATCHES} transactions of {BATCH_SIZE} records to {TOPIC} from offset {start} "
-        f"(transaction {ABORTED_BATCH} aborted)"
-    )
-    return start, committed
+
+def _duplicates(ids: list[int]) -> int:
+    return sum(n - 1 for n in Counter(ids).values() if n > 1)
 
 
 def main() -> int:
     settings = Settings.from_env()
     root = Path(__file__).resolve().parents[2]
-    run = time.strftime("%Y%m%dT%H%M%S")
-    _ensure_topic(settings.kafka_bootstrap)
-    start, committed = _produce(settings.kafka_bootstrap, run)
+    sys.path.insert(0, str(root))
+    run = time.strftime("%Y%m%d%H%M%S")
+    suffix = f"-demo{run}"
+    os.environ["ONCEFLOW_ORDERS_SUFFIX"] = suffix
+    from examples.orders import pipeline as orders
+    from examples.orders.data import make_orders, produce
 
-    until = _end_offset(settings.kafka_bootstrap)
-
-    airflow_home = settings.home / "airflow"
-    env = airflow_environment(settings, root, airflow_home)
-    _say(f"preparing Airflow in {airflow_home}")
-    migrate(env)
-    output = settings.home / "demo" / f"smoke-{run}.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    conf = {"topic": TOPIC, "partition": 0, "from_offset": start, "until_offset": until}
-    conf["output"] = str(output)
-    _say(f"airflow dags test onceflow_smoke: Spark reads {TOPIC}[0] offsets [{start}, {until})")
     began = time.monotonic()
-    run_airflow(["dags", "test", "onceflow_smoke", "--conf", json.dumps(conf)], env)
-    elapsed = time.monotonic() - began
+    # 1.
+    with Ledger.connect(settings.ledger_url, check=False) as ledger:
+        ledger.upgrade()
+    _say(f"ledger: {settings.ledger_url}")
+    _create_topics(settings.kafka_bootstrap, {orders.INPUT_TOPIC: PARTITIONS, orders.ENRICHED_TOPIC: 1})
+    (settings.home / EXAMPLES_ENV).write_text(f"ONCEFLOW_ORDERS_SUFFIX={suffix}\n")
+    env = airflow_environment(settings, root, settings.home / "airflow")
+    env["ONCEFLOW_ORDERS_SUFFIX"] = suffix
+    _say(f"preparing Airflow in {settings.home / 'airflow'}")
+    migrate(env)
 
-    read = [value for _, value in json.loads(output.read_text())["records"]]
-    counts = Counter(read)
-    duplicates = sum(n - 1 for n in counts.values() if n > 1)
-    missing = len(set(committed) - set(counts))
-    aborted_seen = sum(1 for value in counts if value.split(":")[1] == str(ABORTED_BATCH))
-    print(
-        "\n".join(
-            [
-                "onceflow demo report",
-                f"  offsets read          [{start}, {until}) of {TOPIC}[0]",
-                f"  records committed in  {len(committed)}",
-                f"  records read out      {len(read)}",
-                f"  duplicates            {duplicates}",
-                f"  missing               {missing}",
-                f"  aborted records seen  {aborted_seen}",
-                f"  airflow + spark time  {elapsed:.1f}s",
-                "",
-                "Open the Airflow UI on the same DAGs and data with:  make airflow-ui",
-            ]
-        )
+    # 2.
+    data = make_orders(0, ORDERS, bad_every=20)
+    produce(settings.kafka_bootstrap, orders.INPUT_TOPIC, data.records)
+    _say(
+        f"produced {len(data.records)} orders to {orders.INPUT_TOPIC} ({PARTITIONS} partitions): "
+        f"{len(data.valid)} valid, {len(data.rejected)} breaking a business rule, "
+        f"{len(data.undecodable)} undecodable"
     )
-    ok = duplicates == 0 and missing == 0 and aborted_seen == 0 and len(read) == len(committed)
+
+    # 3.
+    conf = json.dumps({"max_records_per_partition": MAX_RECORDS_PER_PARTITION})
+    outcomes = []
+    for number in range(1, MAX_RUNS + 1):
+        lag = _lag(settings, orders.NAME, orders.INPUT_TOPIC)
+        if lag == 0:
+            break
+        stop = threading.Event()
+        killed = _kill_slice_driver(1, stop) if number == KILLED_RUN else []
+        _say(f"run {number}: airflow dags test onceflow_orders ({lag} offsets to go)")
+        started = time.monotonic()
+        try:
+            run_airflow(["dags", "test", "onceflow_orders", "--conf", conf], env, timeout=900)
+        except OnceflowError as exc:
+            _say(f"run {number}: airflow reported a failure: {str(exc).splitlines()[0]}")
+        stop.set()
+        with Ledger.connect(settings.ledger_url) as ledger:
+            last = ledger.epochs(orders.NAME, last=1)
+        outcome = str(last[0].status) if last else "nothing planned"
+        outcomes.append(outcome)
+        note = f" after SIGKILL of the Spark driver of {killed[0]}" if killed else ""
+        epoch = last[0].number if last else "-"
+        _say(f"run {number}: epoch {epoch} {outcome} in {time.monotonic() - started:.0f}s{note}")
+
+    # 4.
+    dsn = os.environ.get("ONCEFLOW_ORDERS_PG_DSN") or settings.pg_dsn
+    pg_ids = [int(r[0]) for r in _pg(dsn, f"SELECT order_id FROM {orders.ORDERS_TABLE}")]
+    rejected = _pg(dsn, f"SELECT order_id, reason FROM {orders.REJECTED_TABLE}")
+    kafka_ids = [int(v["order_id"]) for v in _read_topic(settings.kafka_bootstrap, orders.ENRICHED_TOPIC)]
+    expected = set(data.valid)
+    with Ledger.connect(settings.ledger_url) as ledger:
+        letters = ledger.dead_letters(orders.NAME)
+        epochs = ledger.epochs(orders.NAME)
+        rows = []
+        for e in epochs:
+            parts = ledger.participants(orders.NAME, e.number)
+            span = sum(r.span for r in e.ranges)
+            written = sum(p.record_count for p in parts if p.sink == "orders_pg")
+            what = "orders staged, rolled back" if e.abort_reason else "orders"
+            reason = f" ({e.abort_reason[:60]}...)" if e.abort_reason else ""
+            rows.append(f"    {e.number:>3}  {e.status!s:<10} {span:>6} offsets  {written:>5} {what}{reason}")
+    reasons = Counter(d.letter.reason.split(":")[0] for d in letters)
+    reasons.update(str(r[1]).split(":")[0] for r in rejected)
+    missing = len(expected - set(pg_ids)) + len(expected - set(kafka_ids))
+    duplicates = _duplicates(pg_ids) + _duplicates(kafka_ids)
+    report = [
+        "",
+        "onceflow demo report",
+        f"  pipeline              {orders.NAME} (DAG onceflow_orders, {len(outcomes)} runs: "
+        f"{outcomes.count('COMMITTED')} epochs committed, {outcomes.count('ABORTED')} aborted and replayed)",
+        f"  records in            {len(data.records)} on {orders.INPUT_TOPIC}",
+        f"  out: PostgreSQL       {len(pg_ids)} rows in {orders.ORDERS_TABLE} (two-phase commit)",
+        f"  out: Kafka            {len(kafka_ids)} records on {orders.ENRICHED_TOPIC} (transactions)",
+        f"  out: rejected         {len(rejected)} rows in {orders.REJECTED_TABLE}",
+        f"  dead letters          {len(letters)} in the ledger",
+        "  reasons               " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())),
+        f"  duplicates            {duplicates}",
+        f"  missing               {missing}",
+        f"  time                  {time.monotonic() - began:.0f}s",
+        "  epochs",
+        *rows,
+        "",
+        "Open the Airflow UI on the same DAG and data:  make airflow-ui   (airflow standalone; the login",
+        "is printed by Airflow and stored in .onceflow/airflow/simple_auth_manager_passwords.json.generated)",
+        f"The epochs from the command line:  onceflow epochs {orders.NAME}",
+    ]
+    print("\n".join(report))
+    ok = (
+        duplicates == 0
+        and missing == 0
+        and len(pg_ids) == len(expected)
+        and len(rejected) == len(data.rejected)
+        and len(letters) == len(data.undecodable)
+    )
     return 0 if ok else 1
 
 

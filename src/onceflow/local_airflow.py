@@ -17,6 +17,17 @@ from onceflow.errors import OnceflowError
 
 # The local Spark "cluster": spark-submit runs the driver here and executors in threads.
 LOCAL_SPARK_CONNECTION = '{"conn_type": "spark", "host": "local[2]"}'
+# KEY=VALUE lines in ONCEFLOW_HOME that the example pipelines read (written by `make demo`, so that
+# `make airflow-ui` shows the demo's topics and tables).
+EXAMPLES_ENV = "examples.env"
+
+
+def examples_environment(home: Path) -> dict[str, str]:
+    path = home / EXAMPLES_ENV
+    if not path.is_file():
+        return {}
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
 
 
 def spark_environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -41,6 +52,8 @@ def airflow_environment(
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(project_root / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "ONCEFLOW_SPARK_JOBS": str(project_root / "spark_jobs"),
+            # examples/ (the example pipelines) must be importable by tasks and by spark-submit.
+            "PYTHONPATH": os.pathsep.join(p for p in (str(project_root), env.get("PYTHONPATH", "")) if p),
         }
     )
     env.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL_SPARK_CONNECTION)
@@ -72,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     settings = Settings.from_env()
     root = Path(__file__).resolve().parents[2]
-    env = airflow_environment(settings, root, settings.home / "airflow")
+    # Variables already set in the environment win over the demo's examples.env.
+    base = {**examples_environment(settings.home), **os.environ}
+    env = airflow_environment(settings, root, settings.home / "airflow", base)
     migrate(env)
     airflow = str(Path(sys.executable).parent / "airflow")
     return subprocess.run([airflow, *args], env=env, check=False).returncode

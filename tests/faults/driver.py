@@ -38,8 +38,7 @@ def epoch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     return {
         "epoch": outcome.epoch.number,
         "status": str(outcome.epoch.status),
-        "span": outcome.planned.plan.span,
-        "backlog": outcome.planned.plan.backlog,
+        "span": sum(r.span for r in outcome.epoch.ranges),
     }
 
 
@@ -71,7 +70,7 @@ def socket_epoch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]
         judge(0, 1, [write_task(ref, sink, "s0-t0", attempt, iter(rows)) for sink in spec.sinks])
         crash_point("slice_after_precommits")
         done = ledger.commit_epoch(spec.name, planned.number, committers)
-    return {"epoch": done.number, "status": str(done.status), "span": len(rows), "backlog": 0}
+    return {"epoch": done.number, "status": str(done.status), "span": len(rows)}
 
 
 def abort(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:

@@ -302,7 +302,7 @@ class Scenario:
         """Run clean epochs until one finds nothing left to read; returns how many ran."""
         for count in range(1, limit + 1):
             out = self.must(self.epoch(executor)).output
-            if out.get("span") == 0 and out.get("backlog") == 0:
+            if out.get("span") == 0:  # an epoch with nothing to read: no backlog either
                 return count
         raise HarnessError(f"{self.spec.name} did not catch up in {limit} epochs")
 

@@ -8,16 +8,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Literal, TypeAlias
 
 from onceflow.config import Settings
-from onceflow.engine import slice_job
+from onceflow.engine import slice_job, steps
 from onceflow.engine.local_slice import check_local, run_slice_local
-from onceflow.engine.planning import PlannedEpoch, plan_epoch
-from onceflow.engine.sinks import committers_for
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Epoch, Ledger, RecoveryReport
 from onceflow.local_airflow import spark_environment
@@ -32,7 +31,7 @@ class ProcessFailed(OnceflowError):
 
 @dataclass(frozen=True)
 class EpochOutcome:
-    planned: PlannedEpoch
+    planned: steps.PlanResult
     epoch: Epoch
     recovery: RecoveryReport
 
@@ -77,10 +76,12 @@ def run_epoch(
     *,
     data_interval: tuple[datetime, datetime] | None = None,
     max_records_per_partition: int | None = None,
+    run_id: str | None = None,
     executor: Executor = "spark",
 ) -> EpochOutcome:
     """recover -> plan -> process every slice -> commit (or abort when a slice fails).
 
+    The same `steps` as the DAG's tasks; ``run_id`` names the run in the ledger (a fresh one by default).
     ``executor="local"`` runs each slice in this process without Spark (`local_slice`), for pipelines
     without transform and state.
     """
@@ -88,34 +89,33 @@ def run_epoch(
     spec: Pipeline = load_pipeline(pipeline_path)
     if executor == "local":
         check_local(spec)
-    committers = committers_for(spec)
-    ledger = Ledger.connect(settings.ledger_url)
-    try:
-        recovery = ledger.recover(spec.name, committers)
-        planned = plan_epoch(
-            spec,
-            ledger,
-            settings,
-            data_interval=data_interval,
-            max_records_per_partition=max_records_per_partition,
-        )
-        epoch = planned.epoch
-        failures = []
-        for plan in planned.slices:
-            if not plan.tasks:
-                continue
-            if executor == "local":
-                try:
-                    run_slice_local(spec, epoch.number, plan.slice, epoch.attempt_token, settings)
-                except OnceflowError as exc:
-                    failures.append(f"slice {plan.slice} failed: {exc}")
-                continue
-            result = submit_slice(pipeline_path, epoch, plan.slice, settings)
-            if result.returncode != 0:
-                failures.append(f"slice {plan.slice} exited {result.returncode}: {result.stderr[-3000:]}")
-        if failures:
-            ledger.abort_epoch(spec.name, epoch.number, committers, reason="; ".join(failures)[:2000])
-            raise ProcessFailed(f"{epoch} aborted: " + "\n".join(failures))
-        return EpochOutcome(planned, ledger.commit_epoch(spec.name, epoch.number, committers), recovery)
-    finally:
-        ledger.close()
+    run_id = run_id or f"runner__{uuid.uuid4().hex}"
+    recovery = steps.recover(spec, settings)
+    planned = steps.plan(
+        spec,
+        settings,
+        run_id=run_id,
+        data_interval=data_interval,
+        max_records_per_partition=max_records_per_partition,
+    )
+    with Ledger.connect(settings.ledger_url) as ledger:
+        epoch = ledger.epoch(spec.name, planned.epoch) if planned.epoch is not None else None
+    if epoch is None or planned.status != "planned":
+        raise ProcessFailed(f"nothing was planned for {spec.name!r}: " + "; ".join(planned.lines))
+    failures = []
+    for slice_number in planned.slices_with_tasks:
+        if executor == "local":
+            try:
+                run_slice_local(spec, epoch.number, slice_number, epoch.attempt_token, settings)
+            except OnceflowError as exc:
+                failures.append(f"slice {slice_number} failed: {exc}")
+            continue
+        result = submit_slice(pipeline_path, epoch, slice_number, settings)
+        if result.returncode != 0:
+            failures.append(f"slice {slice_number} exited {result.returncode}: {result.stderr[-3000:]}")
+    if failures:
+        steps.abort(spec, settings, epoch=epoch.number, reason="; ".join(failures)[:2000])
+        raise ProcessFailed(f"{epoch} aborted: " + "\n".join(failures))
+    done = steps.commit(spec, settings, epoch=epoch.number)
+    assert done is not None
+    return EpochOutcome(planned, done, recovery)

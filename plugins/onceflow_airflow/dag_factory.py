@@ -1,0 +1,121 @@
+"""One DAG per pipeline spec: ``recover -> plan -> process (one spark-submit per slice) -> commit ->
+report``, with ``abort`` when any process task fails.
+
+Each DAG run is one epoch. ``max_active_runs=1`` keeps epochs in order; retries are safe because every
+step is idempotent and guarded by the ledger. Process tasks are not retried: a failed slice aborts the
+epoch, and the next run replays its ranges from the same offsets.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, Param, TriggerRule
+
+from onceflow.pipeline import load_pipeline
+from onceflow_airflow.operators import (
+    INTERVAL_MODES,
+    OnceflowAbortOperator,
+    OnceflowCommitOperator,
+    OnceflowPlanOperator,
+    OnceflowRecoverOperator,
+    OnceflowReportOperator,
+    OnceflowSliceOperator,
+)
+
+DEFAULT_START = datetime(2024, 1, 1)
+
+
+def spark_application() -> str:
+    """``onceflow_process.py`` in ONCEFLOW_SPARK_JOBS, or in the spark_jobs/ folder beside plugins/."""
+    jobs = os.environ.get("ONCEFLOW_SPARK_JOBS") or str(Path(__file__).resolve().parents[2] / "spark_jobs")
+    return str(Path(jobs) / "onceflow_process.py")
+
+
+def build_dag(
+    pipeline: str,
+    *,
+    dag_id: str | None = None,
+    schedule: Any = None,
+    start_date: datetime = DEFAULT_START,
+    catchup: bool = False,
+    retries: int = 2,
+    retry_delay: timedelta = timedelta(seconds=10),
+    spark_conn_id: str = "spark_default",
+    spark_conf: dict[str, str] | None = None,
+    ledger_conn_id: str = "onceflow_ledger",
+    kafka_conn_id: str = "onceflow_kafka",
+    postgres_conn_id: str = "onceflow_postgres",
+    tags: tuple[str, ...] = (),
+    doc_md: str | None = None,
+) -> DAG:
+    """Build the DAG of the pipeline at ``module:attribute`` (its dag_id defaults to onceflow_<name>).
+
+    ``schedule`` is any Airflow schedule; use an interval timetable (e.g. ``CronDataIntervalTimetable``)
+    for scheduled runs and backfills whose data interval bounds each epoch.
+    """
+    spec = load_pipeline(pipeline)
+    conns = {
+        "ledger_conn_id": ledger_conn_id,
+        "kafka_conn_id": kafka_conn_id,
+        "postgres_conn_id": postgres_conn_id,
+    }
+    with DAG(
+        dag_id=dag_id or f"onceflow_{spec.name}",
+        schedule=schedule,
+        start_date=start_date,
+        catchup=catchup,
+        max_active_runs=1,
+        tags=["onceflow", *tags],
+        doc_md=doc_md or f"onceflow pipeline `{spec.name}` (`{pipeline}`): one DAG run is one epoch.",
+        default_args={"retries": retries, "retry_delay": retry_delay},
+        params={
+            "max_records_per_partition": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                description=f"at most this many offsets per partition (empty: the pipeline's "
+                f"{spec.max_records_per_partition})",
+            ),
+            "dry_run": Param(
+                False, type="boolean", description="plan and print the ranges; process and commit nothing"
+            ),
+            "interval": Param(
+                "auto",
+                enum=list(INTERVAL_MODES),
+                description="auto: scheduled and backfill runs read up to their data interval's end, "
+                "manual runs up to the newest records; bound / ignore force one or the other",
+            ),
+        },
+    ) as dag:
+        recover = OnceflowRecoverOperator(task_id="recover", pipeline=pipeline, **conns)
+        plan = OnceflowPlanOperator(task_id="plan", pipeline=pipeline, **conns)
+        process = [
+            OnceflowSliceOperator(
+                task_id=f"process_s{number}",
+                pipeline=pipeline,
+                slice_number=number,
+                application=spark_application(),
+                conn_id=spark_conn_id,
+                name=f"onceflow-{spec.name}-s{number}",
+                conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4", **(spark_conf or {})},
+                env_vars={"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
+                retries=0,
+                **conns,
+            )
+            for number in range(spec.slices)
+        ]
+        commit = OnceflowCommitOperator(
+            task_id="commit", pipeline=pipeline, trigger_rule=TriggerRule.NONE_FAILED, **conns
+        )
+        report = OnceflowReportOperator(task_id="report", pipeline=pipeline, **conns)
+        abort = OnceflowAbortOperator(
+            task_id="abort", pipeline=pipeline, trigger_rule=TriggerRule.ONE_FAILED, **conns
+        )
+        recover >> plan >> process >> commit >> report
+        process >> abort
+    return dag

@@ -1,0 +1,93 @@
+"""Where the services are, from Airflow connections, with the ONCEFLOW_* variables as the fallback.
+
+Connections (all optional; a missing one falls back to its variable, then to the local stack):
+
+* ``onceflow_ledger``: the ledger. Put the SQLAlchemy URL in the extra ``url``
+  (``{"url": "sqlite:////data/ledger.db"}``), or use a ``postgres`` connection (host, port, login,
+  password, schema = database), which becomes ``postgresql+psycopg://...``. Fallback ONCEFLOW_LEDGER_URL.
+* ``onceflow_kafka``: Kafka. The extra ``bootstrap.servers`` (``host:port[,host:port]``), or host and
+  port. Fallback ONCEFLOW_KAFKA_BOOTSTRAP.
+* ``onceflow_postgres``: the PostgreSQL the sinks write to by default (``postgres`` connection).
+  Fallback ONCEFLOW_PG_DSN.
+
+Spark is reached through the apache-spark provider's own connection (``spark_default``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import quote
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from onceflow.config import Settings
+from onceflow.ledger import Ledger
+
+
+def _postgres_url(conn: Any, driver: str) -> str:
+    auth = ""
+    if conn.login:
+        auth = quote(conn.login, safe="")
+        if conn.password:
+            auth += ":" + quote(conn.password, safe="")
+        auth += "@"
+    port = f":{conn.port}" if conn.port else ""
+    return f"{driver}://{auth}{conn.host or 'localhost'}{port}/{conn.schema or ''}"
+
+
+class OnceflowHook(BaseHook):
+    """Builds onceflow `Settings` from the connections above and opens the ledger."""
+
+    conn_name_attr = "ledger_conn_id"
+    default_conn_name = "onceflow_ledger"
+    conn_type = "generic"
+    hook_name = "onceflow ledger"
+
+    def __init__(
+        self,
+        ledger_conn_id: str = "onceflow_ledger",
+        kafka_conn_id: str = "onceflow_kafka",
+        postgres_conn_id: str = "onceflow_postgres",
+    ) -> None:
+        super().__init__()
+        self.ledger_conn_id = ledger_conn_id
+        self.kafka_conn_id = kafka_conn_id
+        self.postgres_conn_id = postgres_conn_id
+
+    def _connection(self, conn_id: str) -> Any | None:
+        try:
+            return self.get_connection(conn_id)
+        except AirflowNotFoundException:
+            return None
+
+    def settings(self) -> Settings:
+        """Connections first, then ONCEFLOW_* variables, then the local stack's defaults."""
+        env = dict(os.environ)
+        ledger = self._connection(self.ledger_conn_id)
+        if ledger is not None:
+            url = ledger.extra_dejson.get("url")
+            env["ONCEFLOW_LEDGER_URL"] = url or _postgres_url(ledger, "postgresql+psycopg")
+        kafka = self._connection(self.kafka_conn_id)
+        if kafka is not None:
+            servers = kafka.extra_dejson.get("bootstrap.servers")
+            env["ONCEFLOW_KAFKA_BOOTSTRAP"] = servers or f"{kafka.host}:{kafka.port or 9092}"
+        postgres = self._connection(self.postgres_conn_id)
+        if postgres is not None:
+            env["ONCEFLOW_PG_DSN"] = _postgres_url(postgres, "postgresql")
+        settings = Settings.from_env(env)
+        from sqlalchemy.engine import make_url
+
+        ledger_url = make_url(settings.ledger_url).render_as_string(hide_password=True)
+        self.log.info("onceflow: ledger %s, Kafka %s", ledger_url, settings.kafka_bootstrap)
+        return settings
+
+    def export(self) -> Settings:
+        """`settings`, also written to this task's environment so that sinks and child processes see it."""
+        settings = self.settings()
+        os.environ.update(settings.as_env())
+        return settings
+
+    def get_conn(self) -> Ledger:
+        return Ledger.connect(self.settings().ledger_url)
