@@ -170,7 +170,10 @@ class OnceflowSliceOperator(SparkSubmitOperator):
         settings = self.onceflow_hook.export()
         with Ledger.connect(settings.ledger_url) as ledger:
             epoch = ledger.epoch(result.pipeline, result.epoch)
-        if epoch.status is not EpochStatus.PLANNED:
+        at_most_once = load_pipeline(self.pipeline).commits_before_processing
+        if epoch.status is not EpochStatus.PLANNED and not (
+            at_most_once and epoch.status is EpochStatus.COMMITTED
+        ):
             message = f"{epoch} is {epoch.status}: the slice has nothing left to do"
             if epoch.status.is_final and epoch.status is EpochStatus.ABORTED:
                 raise AirflowFailException(message + " (aborted; the next run replays its range)")

@@ -286,6 +286,12 @@ class Pipeline:
             raise _fail("state", self.state, "expected a StateSpec or None")
         if STATE_SINK in names:
             raise _fail("sinks.name", STATE_SINK, "is reserved for the keyed state's snapshot")
+        if self.state is not None and self.guarantee == "at_most_once":
+            raise _fail(
+                "guarantee",
+                self.guarantee,
+                "keyed state is promoted with a committed epoch; use another guarantee",
+            )
         if self.state is not None and self.slices != 1:
             raise _fail(
                 "slices",
@@ -303,6 +309,12 @@ class Pipeline:
             "transaction_timeout_s",
         ):
             _positive_int(name, getattr(self, name))
+
+    @property
+    def commits_before_processing(self) -> bool:
+        """at_most_once: an epoch's source position is committed when it is planned, before any record is
+        processed, so a failed epoch is never replayed (and nothing can be written twice)."""
+        return self.guarantee == "at_most_once"
 
     def sink(self, name: str) -> SinkSpec:
         for sink in self.sinks:

@@ -66,5 +66,14 @@ def test_exactly_once_refuses_sinks_that_write_before_the_commit() -> None:
     with pytest.raises(ConfigError, match=r"declares exactly_once, but sinks \['log'\] only give at-least"):
         check_guarantee(spec(plain))
     check_guarantee(spec(plain, guarantee="at_least_once"))
-    with pytest.raises(ConfigError, match="'at_most_once' is not supported"):
-        check_guarantee(spec(plain, guarantee="at_most_once"))
+
+
+def test_at_most_once_takes_only_direct_sinks_and_waits_for_no_participant() -> None:
+    plain = SinkSpec("log", "plain", {"table": "t", "columns": {"n": "bigint"}})
+    staged = SinkSpec("pg", "postgres_2pc", {"table": "t", "columns": {"n": "bigint"}})
+    at_most_once = spec(plain, guarantee="at_most_once")
+    check_guarantee(at_most_once)
+    with pytest.raises(ConfigError, match=r"sinks \['pg'\] stage their output"):
+        check_guarantee(spec(plain, staged, guarantee="at_most_once"))
+    slices = slices_of(at_most_once, (OffsetRange("in", 0, 0, 12),))
+    assert slices[0].tasks and expected_participants(at_most_once, slices) == []

@@ -120,6 +120,10 @@ def test_lists_are_frozen_and_config_cannot_change_behind_the_spec() -> None:
             "slices=2: a pipeline with keyed state runs as one slice",
         ),
         (lambda: make(sinks=[SinkSpec("onceflow_state", "files")]), "reserved for the keyed state"),
+        (
+            lambda: make(state=StateSpec(keys=("k",), reducer="count"), guarantee="at_most_once"),
+            "guarantee='at_most_once': keyed state",
+        ),
     ],
 )
 def test_invalid_specs_name_the_field_and_the_value(build: Callable[[], object], message: str) -> None:

@@ -49,6 +49,8 @@ def slices_of(spec: Pipeline, ranges: tuple[OffsetRange, ...]) -> tuple[SlicePla
 
 def expected_participants(spec: Pipeline, slices: tuple[SlicePlan, ...]) -> list[tuple[str, str]]:
     """Every (sink, task) pair that must pre-commit before the epoch may be decided."""
+    if spec.commits_before_processing:
+        return []  # nothing to wait for: the epoch is committed when it is planned
     names = [sink.name for sink in spec.sinks] + ([STATE_SINK] if spec.state is not None else [])
     return [(name, task.task_id) for s in slices for task in s.tasks for name in names]
 
@@ -81,15 +83,19 @@ def check_guarantee(spec: Pipeline) -> None:
 
     ``exactly_once`` needs every sink to be transactional or idempotent; ``at_least_once`` accepts the
     write-ahead-log and plain sinks too (same protocol: offsets advance only with a committed epoch).
-    ``at_most_once`` would advance the offsets before processing, which this version does not do.
+    ``at_most_once`` commits the offsets before processing, so its sinks must write directly: a staged
+    sink would wait for a commit that has already happened.
     """
     from onceflow.sinks.registry import sink_kind
 
-    if spec.guarantee == "at_most_once":
-        raise ConfigError(
-            f"pipeline {spec.name!r}: guarantee 'at_most_once' is not supported by this version; use "
-            "'at_least_once' (nothing is lost) or 'exactly_once'"
-        )
+    if spec.commits_before_processing:
+        staged = [s.name for s in spec.sinks if not sink_kind(s.kind).direct]
+        if staged:
+            raise ConfigError(
+                f"pipeline {spec.name!r} declares at_most_once, but sinks {staged} stage their output until "
+                "the epoch commits, and an at-most-once epoch commits before processing; use sinks that "
+                "write directly (plain, postgres_upsert) or another guarantee"
+            )
     if spec.guarantee == "exactly_once":
         weaker = [s.name for s in spec.sinks if sink_kind(s.kind).guarantee != "exactly_once"]
         if weaker:
@@ -150,5 +156,7 @@ def plan_epoch(
         run_id=run_id,
         data_interval=data_interval,
     )
+    if spec.commits_before_processing:
+        epoch = ledger.commit_epoch(spec.name, epoch.number, {})  # at_most_once: the position moves now
     crash_point("after_plan")
     return PlannedEpoch(epoch, plan, slices)

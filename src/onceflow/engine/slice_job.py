@@ -64,7 +64,10 @@ def slice_tasks(
         epoch = ledger.epoch(spec.name, epoch_number)
     finally:
         ledger.close()
-    if epoch.status != EpochStatus.PLANNED or epoch.attempt_token != attempt_token:
+    runnable = epoch.status == EpochStatus.PLANNED or (
+        spec.commits_before_processing and epoch.status == EpochStatus.COMMITTED
+    )
+    if not runnable or epoch.attempt_token != attempt_token:
         raise SliceFailed(
             f"{epoch} is {epoch.status} with another attempt token than this job's; nothing was processed"
             if epoch.attempt_token != attempt_token

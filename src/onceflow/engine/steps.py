@@ -287,6 +287,12 @@ def abort(
         if target.status is EpochStatus.ABORTED:
             log(f"{target} is already aborted (reason: {target.abort_reason}): nothing changed")
             return target
+        if spec.commits_before_processing and target.status is EpochStatus.COMMITTED:
+            log(
+                f"{target}: at_most_once committed its offsets before processing; nothing to roll back, and "
+                "the records it did not deliver are not replayed"
+            )
+            return target
         if target.status in (EpochStatus.COMMITTING, EpochStatus.COMMITTED):
             raise StepRefused(
                 f"abort refused: {target} is decided; the only outcome of a decided epoch is COMMITTED, "

@@ -60,7 +60,9 @@ def read_tasks(ref: EpochRef, tasks: Iterable[ReadTask], columns: Sequence[str])
         if dead:
             ledger = Ledger.connect(ref.ledger_url)
             try:
-                ledger.add_dead_letters(spec.name, ref.epoch, dead, ref.attempt_token)
+                ledger.add_dead_letters(
+                    spec.name, ref.epoch, dead, ref.attempt_token, after_commit=spec.commits_before_processing
+                )
             finally:
                 ledger.close()
 
@@ -89,6 +91,8 @@ def write_task(
     from onceflow.engine.sinks import writer_for
 
     spec = ref.pipeline
+    if spec.commits_before_processing:
+        return _write_directly(ref, sink, task_id, attempt, rows)
     ledger = Ledger.connect(ref.ledger_url)
     try:
         if _winner(ledger, spec.name, ref.epoch, sink.name, task_id) not in (None, attempt):
@@ -106,14 +110,7 @@ def write_task(
         count = 0
         try:
             writer.begin(context)
-            batch: list[Mapping[str, Any]] = []
-            for row in rows:
-                batch.append(row)
-                if len(batch) >= WRITE_BATCH:
-                    writer.write(batch)
-                    count += len(batch)
-                    batch = []
-            if batch:
+            for batch in _batches(rows):
                 writer.write(batch)
                 count += len(batch)
             committable = writer.pre_commit()
@@ -138,6 +135,36 @@ def write_task(
         return TaskResult(sink.name, task_id, attempt, count, True)
     finally:
         ledger.close()
+
+
+def _write_directly(
+    ref: EpochRef, sink: SinkSpec, task_id: str, attempt: str, rows: Iterable[Mapping[str, Any]]
+) -> TaskResult:
+    """at_most_once: the epoch is committed already, so rows go straight to a direct sink, unregistered."""
+    from onceflow.engine.sinks import writer_for
+
+    writer = writer_for(sink)
+    context = TaskContext(
+        ref.pipeline.name, ref.epoch, ref.slice, task_id, attempt, sink.name, ref.slice_ranges
+    )
+    writer.begin(context)
+    count = 0
+    for batch in _batches(rows):
+        writer.write(batch)
+        count += len(batch)
+    writer.pre_commit()
+    return TaskResult(sink.name, task_id, attempt, count, True)
+
+
+def _batches(rows: Iterable[Mapping[str, Any]]) -> Iterator[list[Mapping[str, Any]]]:
+    batch: list[Mapping[str, Any]] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= WRITE_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _winner(ledger: Ledger, pipeline: str, epoch: int, sink: str, task: str) -> str | None:

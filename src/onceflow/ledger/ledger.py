@@ -380,8 +380,8 @@ class Ledger:
 
     # ------------------------------------------------------------------------------------ pre-commit
 
-    def _check_fence(self, row: EpochRow, token: str, what: str) -> None:
-        if row.status != EpochStatus.PLANNED:
+    def _check_fence(self, row: EpochRow, token: str, what: str, *, committed_ok: bool = False) -> None:
+        if row.status != EpochStatus.PLANNED and not (committed_ok and row.status == EpochStatus.COMMITTED):
             raise EpochNotPlanned(
                 f"{_where(row.pipeline, row.epoch)} is {row.status}, not PLANNED: {what} refused "
                 "(the caller must roll back its own staging)"
@@ -717,17 +717,24 @@ class Ledger:
             return None if row is None else self._to_snapshot(row)
 
     def add_dead_letters(
-        self, pipeline: str, number: int, letters: Sequence[DeadLetter], attempt_token: str
+        self,
+        pipeline: str,
+        number: int,
+        letters: Sequence[DeadLetter],
+        attempt_token: str,
+        *,
+        after_commit: bool = False,
     ) -> int:
         """Keep records that failed to decode or transform; a retried task adding them again is a no-op.
 
         Fenced like a pre-commit, and listed only once the epoch commits (an aborted epoch is replayed
-        and reports its dead letters again).
+        and reports its dead letters again). ``after_commit`` also accepts a COMMITTED epoch: an
+        at-most-once epoch is committed before its records are read.
         """
         now = utcnow()
         with self._tx() as s:
             row = self._epoch_row(s, pipeline, number, lock="share")
-            self._check_fence(row, attempt_token, f"{len(letters)} dead letters")
+            self._check_fence(row, attempt_token, f"{len(letters)} dead letters", committed_ok=after_commit)
             have = {
                 (t, p, o)
                 for t, p, o in s.execute(

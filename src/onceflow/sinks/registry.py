@@ -17,12 +17,14 @@ from onceflow.sinks.base import SinkCommitter, SinkWriter
 
 @dataclass(frozen=True)
 class SinkKind:
-    """Where a kind's writer and committer live, and the guarantee it gives on its own."""
+    """Where a kind's writer and committer live, the guarantee it gives on its own, and whether its rows
+    are visible as soon as they are written (``direct``: nothing is staged, commit has nothing to do)."""
 
     module: str
     writer: str
     committer: str
     guarantee: str
+    direct: bool = False
 
 
 KINDS: dict[str, SinkKind] = {
@@ -32,10 +34,10 @@ KINDS: dict[str, SinkKind] = {
     "files": SinkKind("onceflow.sinks.files", "FilesWriter", "FilesCommitter", "exactly_once"),
     "kafka": SinkKind("onceflow.sinks.kafka", "KafkaWriter", "KafkaCommitter", "exactly_once"),
     "postgres_upsert": SinkKind(
-        "onceflow.sinks.postgres_upsert", "UpsertWriter", "UpsertCommitter", "exactly_once"
+        "onceflow.sinks.postgres_upsert", "UpsertWriter", "UpsertCommitter", "exactly_once", direct=True
     ),
     "wal": SinkKind("onceflow.sinks.wal", "WalWriter", "WalCommitter", "at_least_once"),
-    "plain": SinkKind("onceflow.sinks.plain", "PlainWriter", "PlainCommitter", "at_least_once"),
+    "plain": SinkKind("onceflow.sinks.plain", "PlainWriter", "PlainCommitter", "at_least_once", direct=True),
 }
 
 

@@ -64,3 +64,20 @@ def replicate_pipeline() -> Pipeline:
 
 
 REPLICATE = replicate_pipeline()
+
+
+def at_most_once_pipeline() -> Pipeline:
+    """Decoded orders straight to a plain table, the offsets committed before processing."""
+    orders = orders_pipeline()
+    table = os.environ.get("ONCEFLOW_TEST_TABLE", "engine_test_orders") + "_amo"
+    columns = {"id": "bigint", "amount": "double precision", "customer": "text"}
+    return replace(
+        orders,
+        name=f"{orders.name}-amo",
+        transform=None,
+        guarantee="at_most_once",
+        sinks=(SinkSpec("log", "plain", {"table": table, "columns": columns}),),
+    )
+
+
+AT_MOST_ONCE = at_most_once_pipeline()

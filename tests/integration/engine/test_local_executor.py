@@ -37,3 +37,43 @@ def test_a_pipeline_without_transform_runs_locally_with_dead_letters_and_two_sin
 def test_a_pipeline_with_a_transform_is_refused_by_the_local_executor(stack) -> None:
     with pytest.raises(ConfigError, match="run on Spark"):
         run_epoch(ORDERS, Settings.from_env(), executor="local")
+
+
+def test_at_most_once_commits_before_processing_so_a_crashed_epoch_is_never_replayed(
+    stack, settings, pg_connect, tmp_path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from onceflow.faults import CRASH_AT_ENV, CRASH_SKIP_ENV, CRASH_STATE_ENV
+
+    pipeline = "tests.integration.engine.pipelines:AT_MOST_ONCE"
+    table = stack["ONCEFLOW_TEST_TABLE"] + "_amo"
+    first = orders(0, 30)
+    produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], first)
+    crash = {CRASH_AT_ENV: "task_mid_read", CRASH_STATE_ENV: str(tmp_path / "crash"), CRASH_SKIP_ENV: "1"}
+    killed = subprocess.run(
+        [sys.executable, "-m", "tests.faults.driver", "epoch", pipeline, "--executor", "local"],
+        env={**os.environ, **crash},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
+            name = ledger.pipelines()[0]
+            assert [e.status for e in ledger.epochs(name)] == [EpochStatus.COMMITTED]  # before processing
+        delivered_before = pg_ids(pg_connect, table)
+        assert len(delivered_before) < len(first)  # the task that died lost its records
+
+        second = orders(100, 10)
+        produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], second)
+        outcome = run_epoch(pipeline, Settings.from_env(), executor="local")
+        assert outcome.epoch.number == 2 and outcome.epoch.status == EpochStatus.COMMITTED
+        delivered = pg_ids(pg_connect, table)
+        assert delivered == sorted(delivered_before + [o["id"] for o in second])  # no replay, no duplicate
+    finally:
+        pg_connect(autocommit=True).execute(f"DROP TABLE IF EXISTS {table}")
