@@ -20,10 +20,15 @@ from onceflow.errors import ConfigError
 
 Guarantee: TypeAlias = Literal["exactly_once", "at_least_once", "at_most_once"]
 OnMissingOffsets: TypeAlias = Literal["fail", "skip"]
+OnRerun: TypeAlias = Literal["skip", "replace"]
 Starting: TypeAlias = Literal["earliest", "latest"] | int
 
 GUARANTEES: tuple[str, ...] = ("exactly_once", "at_least_once", "at_most_once")
 ON_MISSING_OFFSETS: tuple[str, ...] = ("fail", "skip")
+ON_RERUN: tuple[str, ...] = ("skip", "replace")
+# Sink kinds that can replace an interval's earlier output atomically: a files table swaps the
+# interval's files in one commit-log entry; an upsert overwrites the same keys.
+REPLACEABLE_KINDS: tuple[str, ...] = ("files", "postgres_upsert")
 # JSON field types a schema may declare; a trailing "?" makes the field nullable (null or absent).
 FIELD_TYPES: tuple[str, ...] = ("string", "int", "float", "bool")
 # Columns every decoded row carries, so sinks can deduplicate or trace a row back to its record.
@@ -244,6 +249,10 @@ class Pipeline:
     ``max_records_per_task`` the span of one Spark read task, ``max_record_bytes`` the key plus value size
     of one record (larger records are dead-lettered), ``transaction_timeout_s`` how long staged
     transactions may stay open.
+
+    ``on_rerun`` decides what re-running a data interval that already committed does: "skip" (default)
+    does nothing and says so; "replace" processes the interval's ranges again and replaces its earlier
+    output, which only sinks in `REPLACEABLE_KINDS` can do.
     """
 
     name: str
@@ -258,6 +267,7 @@ class Pipeline:
     max_records_per_task: int = 50_000
     max_record_bytes: int = 1_048_576
     transaction_timeout_s: int = 900
+    on_rerun: OnRerun = "skip"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -286,6 +296,20 @@ class Pipeline:
             raise _fail("state", self.state, "expected a StateSpec or None")
         if STATE_SINK in names:
             raise _fail("sinks.name", STATE_SINK, "is reserved for the keyed state's snapshot")
+        if self.on_rerun not in ON_RERUN:
+            raise _fail("on_rerun", self.on_rerun, f"expected one of {ON_RERUN}")
+        if self.on_rerun == "replace":
+            append_only = [f"{s.name} ({s.kind})" for s in sinks if s.kind not in REPLACEABLE_KINDS]
+            if append_only or self.state is not None:
+                raise _fail(
+                    "on_rerun",
+                    self.on_rerun,
+                    f"sinks {append_only} are append-only: they cannot take an interval's earlier output "
+                    "back, so replacing it would deliver it twice (only files and postgres_upsert sinks "
+                    "replace atomically)"
+                    if append_only
+                    else "keyed state would fold the interval's records twice",
+                )
         if self.state is not None and self.guarantee == "at_most_once":
             raise _fail(
                 "guarantee",
@@ -367,6 +391,7 @@ class Pipeline:
             "max_records_per_task": self.max_records_per_task,
             "max_record_bytes": self.max_record_bytes,
             "transaction_timeout_s": self.transaction_timeout_s,
+            "on_rerun": self.on_rerun,
         }
 
     def to_json(self) -> str:
@@ -446,6 +471,7 @@ _OPTIONAL_KEYS = frozenset(
         "max_records_per_task",
         "max_record_bytes",
         "transaction_timeout_s",
+        "on_rerun",
     }
 )
 

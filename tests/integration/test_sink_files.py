@@ -159,3 +159,16 @@ def test_unknown_mode_is_refused(config: dict[str, Any]) -> None:
 
     with pytest.raises(ConfigError, match="mode='upsert'"):
         FilesCommitter({**config, "mode": "upsert"})
+
+
+def test_a_replacement_epoch_removes_the_files_of_the_epochs_it_replaces(config: dict[str, Any]) -> None:
+    from dataclasses import replace
+
+    committer = FilesCommitter(config)
+    committer.commit([stage(config, task(1), [1, 2])])
+    committer.commit([stage(config, task(2), [3])])
+    again = replace(task(3), replaces=(1,))
+    committer.commit([stage(config, again, [1, 2])])
+    assert ids(config) == [1, 2, 3]  # epoch 1's rows once, from epoch 3's files
+    entry = read_commit_log(Path(config["root"]) / "events")[-1]
+    assert entry.removes == ("epoch=1/s0-t0.parquet",) and entry.adds == ("epoch=3/s0-t0.parquet",)

@@ -175,6 +175,34 @@ def test_next_epoch_starts_where_the_last_committed_one_ended(
     assert e2.number == 2
 
 
+def test_a_committed_interval_can_be_replanned_over_exactly_its_ranges_without_moving_positions(
+    ledger: Ledger, sinks: dict[str, RecordingCommitter]
+) -> None:
+    from datetime import UTC, datetime
+
+    from onceflow.ledger.errors import InvalidPlan
+
+    interval = (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 1, tzinfo=UTC))
+    ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval)
+    ledger.abort_epoch(P, 1, sinks, "task failed")
+    with pytest.raises(InvalidPlan, match="only a committed epoch's output can be replaced"):
+        ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval, replaces=1)
+    e2 = ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval)
+    precommit_all(ledger, sinks, e2)
+    ledger.commit_epoch(P, e2.number, sinks)
+    e3 = ledger.plan_epoch(P, ranges(10, 20), EXPECTED)
+    precommit_all(ledger, sinks, e3)
+    ledger.commit_epoch(P, e3.number, sinks)
+    with pytest.raises(InvalidPlan, match="must read exactly its ranges"):
+        ledger.plan_epoch(P, ranges(0, 11), EXPECTED, data_interval=interval, replaces=e2.number)
+    with pytest.raises(InvalidPlan, match="covers data interval"):
+        ledger.plan_epoch(P, ranges(0, 10), EXPECTED, replaces=e2.number)
+    e4 = ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval, replaces=e2.number)
+    precommit_all(ledger, sinks, e4)
+    ledger.commit_epoch(P, e4.number, sinks)
+    assert ledger.committed_offsets(P)[("in", 0)] == 20  # the re-run interval did not move it back
+
+
 def test_an_aborted_range_is_replayed(ledger: Ledger, sinks: dict[str, RecordingCommitter]) -> None:
     e1 = ledger.plan_epoch(P, ranges(0, 10), EXPECTED)
     stage(ledger, sinks, e1, "db", "t0")

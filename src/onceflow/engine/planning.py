@@ -13,7 +13,7 @@ from onceflow.config import Settings
 from onceflow.engine.sinks import sink_config
 from onceflow.errors import ConfigError
 from onceflow.faults import crash_point
-from onceflow.ledger import Epoch, Ledger
+from onceflow.ledger import Epoch, EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import STATE_SINK, Pipeline
 from onceflow.sources.kafka_metadata import KafkaMetadata
@@ -160,3 +160,34 @@ def plan_epoch(
         epoch = ledger.commit_epoch(spec.name, epoch.number, {})  # at_most_once: the position moves now
     crash_point("after_plan")
     return PlannedEpoch(epoch, plan, slices)
+
+
+def plan_replacement(
+    spec: Pipeline, ledger: Ledger, replaced: Epoch, *, run_id: str | None = None
+) -> PlannedEpoch:
+    """Plan a re-run of a committed interval's epoch over exactly its ranges (``on_rerun="replace"``).
+
+    Its sinks replace the replaced epoch's output when it commits (see `replaced_epochs`).
+    """
+    if spec.on_rerun != "replace":
+        raise ConfigError(f"pipeline {spec.name!r} does not replace intervals (on_rerun={spec.on_rerun!r})")
+    assert replaced.data_interval_start is not None and replaced.data_interval_end is not None
+    slices = slices_of(spec, replaced.ranges)
+    epoch = ledger.plan_epoch(
+        spec.name,
+        replaced.ranges,
+        expected_participants(spec, slices),
+        run_id=run_id,
+        data_interval=(replaced.data_interval_start, replaced.data_interval_end),
+        replaces=replaced.number,
+    )
+    crash_point("after_plan")
+    return PlannedEpoch(epoch, EpochPlan(replaced.ranges), slices)
+
+
+def replaced_epochs(spec: Pipeline, ledger: Ledger, epoch: Epoch) -> tuple[int, ...]:
+    """The committed epochs whose output ``epoch`` replaces: earlier ones of its data interval."""
+    if spec.on_rerun != "replace" or epoch.data_interval_start is None or epoch.data_interval_end is None:
+        return ()
+    same = ledger.find_by_interval(spec.name, epoch.data_interval_start, epoch.data_interval_end)
+    return tuple(e.number for e in same if e.number < epoch.number and e.status is EpochStatus.COMMITTED)

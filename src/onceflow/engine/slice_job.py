@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from onceflow.config import Settings
-from onceflow.engine.planning import slices_of
+from onceflow.engine.planning import replaced_epochs, slices_of
 from onceflow.engine.task_io import LOST_TO_ANOTHER_ATTEMPT, EpochRef, TaskResult, read_tasks, write_task
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.faults import crash_point
@@ -62,6 +62,7 @@ def slice_tasks(
     ledger = Ledger.connect(settings.ledger_url)
     try:
         epoch = ledger.epoch(spec.name, epoch_number)
+        replaces = replaced_epochs(spec, ledger, epoch)
     finally:
         ledger.close()
     runnable = epoch.status == EpochStatus.PLANNED or (
@@ -84,6 +85,7 @@ def slice_tasks(
         slice_ranges=plan.ranges,
         bootstrap=settings.kafka_bootstrap,
         ledger_url=settings.ledger_url,
+        replaces=replaces,
     )
     return ref, list(plan.tasks)
 

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from onceflow.config import Settings
-from onceflow.engine.planning import plan_epoch, slices_of
+from onceflow.engine.planning import plan_epoch, plan_replacement, slices_of
 from onceflow.engine.sinks import committers_for
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Epoch, EpochStatus, Ledger, RecoveryReport
@@ -164,6 +164,8 @@ def plan(
     with Ledger.connect(settings.ledger_url) as ledger:
         # 1.
         own = run_epoch_of(ledger, spec.name, run_id)
+        if own is not None and own.status is EpochStatus.COMMITTED and _replaceable(spec, own):
+            return _replace(spec, ledger, own, run_id, log)
         if own is not None and own.status is EpochStatus.COMMITTED:
             line = f"{own} was committed by this run already: nothing to do"
             log(line)
@@ -175,6 +177,8 @@ def plan(
         # 2.
         if data_interval is not None:
             done = committed_for_interval(ledger, spec.name, data_interval)
+            if done is not None and _replaceable(spec, done):
+                return _replace(spec, ledger, done, run_id, log)
             if done is not None:
                 line = (
                     f"data interval {data_interval[0].isoformat()} .. {data_interval[1].isoformat()} was "
@@ -226,6 +230,21 @@ def plan(
         for line in lines:
             log(line)
         return _result("planned", planned.epoch, spec, lines)
+
+
+def _replaceable(spec: Pipeline, epoch: Epoch) -> bool:
+    return spec.on_rerun == "replace" and epoch.data_interval_start is not None
+
+
+def _replace(spec: Pipeline, ledger: Ledger, done: Epoch, run_id: str, log: Log) -> PlanResult:
+    """on_rerun="replace": plan the interval's ranges again; its output will replace ``done``'s."""
+    planned = plan_replacement(spec, ledger, done, run_id=run_id)
+    line = (
+        f"{planned.epoch}: re-runs data interval {done.data_interval_start} .. {done.data_interval_end} "
+        f"over the ranges of {done}, and will replace its output when it commits (on_rerun='replace')"
+    )
+    log(line)
+    return _result("planned", planned.epoch, spec, [line, *describe_slices(planned.plan, planned.slices)])
 
 
 def _target(ledger: Ledger, spec: Pipeline, run_id: str | None, epoch: int | None) -> Epoch | None:

@@ -36,6 +36,7 @@ class EpochRef:
     slice_ranges: tuple[OffsetRange, ...]
     bootstrap: str
     ledger_url: str
+    replaces: tuple[int, ...] = ()  # committed epochs of the same interval whose output this one replaces
 
 
 def read_tasks(ref: EpochRef, tasks: Iterable[ReadTask], columns: Sequence[str]) -> Iterator[tuple[Any, ...]]:
@@ -106,6 +107,7 @@ def write_task(
             attempt=attempt,
             sink=sink.name,
             inputs=ref.slice_ranges,
+            replaces=ref.replaces,
         )
         count = 0
         try:

@@ -268,12 +268,17 @@ class Ledger:
         *,
         run_id: str | None = None,
         data_interval: tuple[datetime, datetime] | None = None,
+        replaces: int | None = None,
     ) -> Epoch:
         """Record epoch n+1's input ranges and participants before anything is processed.
 
         Refused while another epoch is not final (invariant 1) and for a range that does not start where
         the last committed epoch of its partition ended (invariant 2). Each plan gets a fresh attempt token
         that pre-commits must present.
+
+        ``replaces`` plans instead a re-run of a COMMITTED epoch of the same data interval, over exactly
+        its ranges, whose output will replace that epoch's: positions, being the furthest committed ends,
+        do not move back.
         """
         if not pipeline or not isinstance(pipeline, str):
             raise InvalidPlan(f"pipeline name {pipeline!r}: expected a non-empty string")
@@ -296,7 +301,7 @@ class Ledger:
                 )
         for attempt in range(3):
             try:
-                return self._plan_once(pipeline, ranges, pairs, run_id, data_interval)
+                return self._plan_once(pipeline, ranges, pairs, run_id, data_interval, replaces)
             except IntegrityError as exc:
                 # A concurrent planner inserted the pipeline or the same epoch first; look again.
                 if attempt == 2:
@@ -312,6 +317,7 @@ class Ledger:
         pairs: list[tuple[str, str]],
         run_id: str | None,
         data_interval: tuple[datetime, datetime] | None,
+        replaces: int | None = None,
     ) -> Epoch:
         now = utcnow()
         with self._tx() as s:
@@ -326,7 +332,9 @@ class Ledger:
                     f"pipeline {pipeline!r}: epoch {busy.epoch} is still {busy.status}; it must be committed "
                     f"or aborted (e.g. `onceflow recover {pipeline}`) before another epoch is planned"
                 )
-            committed = self._committed_offsets(s, pipeline)
+            if replaces is not None:
+                self._check_replacement(s, pipeline, replaces, ranges, data_interval)
+            committed = {} if replaces is not None else self._committed_offsets(s, pipeline)
             for r in ranges:
                 position = committed.get((r.topic, r.partition))
                 if position is not None and r.from_offset != position:
@@ -361,6 +369,23 @@ class Ledger:
             )
             s.flush()
             return self._to_epoch(s, row)
+
+    def _check_replacement(
+        self,
+        s: Session,
+        pipeline: str,
+        replaces: int,
+        ranges: Sequence[OffsetRange],
+        data_interval: tuple[datetime, datetime] | None,
+    ) -> None:
+        old = self._to_epoch(s, self._epoch_row(s, pipeline, replaces))
+        if old.status is not EpochStatus.COMMITTED:
+            raise InvalidPlan(f"{old} is {old.status}: only a committed epoch's output can be replaced")
+        interval = (old.data_interval_start, old.data_interval_end)
+        if data_interval is None or interval != data_interval:
+            raise InvalidPlan(f"{old} covers data interval {interval}, not {data_interval}")
+        if sorted(old.ranges) != sorted(ranges):
+            raise InvalidPlan(f"a replacement of {old} must read exactly its ranges {list(old.ranges)}")
 
     def renew_attempt_token(self, pipeline: str, number: int) -> Epoch:
         """Give a PLANNED epoch a fresh token, fencing off stragglers of an earlier job submission.

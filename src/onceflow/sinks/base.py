@@ -47,6 +47,7 @@ class TaskContext:
     attempt: str
     sink: str
     inputs: tuple[OffsetRange, ...] = ()
+    replaces: tuple[int, ...] = ()
 
     @property
     def txn_id(self) -> str:
@@ -65,6 +66,7 @@ class Committable:
     attempt: str
     sink: str
     inputs: tuple[OffsetRange, ...] = ()
+    replaces: tuple[int, ...] = ()
     handle: Mapping[str, Any] = field(default_factory=dict)
     record_count: int = 0
     checksum: str = ""
@@ -79,6 +81,7 @@ class Committable:
             attempt=task.attempt,
             sink=task.sink,
             inputs=task.inputs,
+            replaces=task.replaces,
             **fields,
         )
 
@@ -92,6 +95,7 @@ class Committable:
                 "attempt": self.attempt,
                 "sink": self.sink,
                 "inputs": [[r.topic, r.partition, r.from_offset, r.until_offset] for r in self.inputs],
+                "replaces": list(self.replaces),
                 "handle": dict(self.handle),
                 "record_count": self.record_count,
                 "checksum": self.checksum,
@@ -110,6 +114,7 @@ class Committable:
             attempt=data["attempt"],
             sink=data["sink"],
             inputs=tuple(OffsetRange(t, int(p), int(a), int(b)) for t, p, a, b in data.get("inputs", [])),
+            replaces=tuple(int(n) for n in data.get("replaces", [])),
             handle=data.get("handle", {}),
             record_count=int(data.get("record_count", 0)),
             checksum=data.get("checksum", ""),

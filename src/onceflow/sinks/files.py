@@ -297,12 +297,16 @@ class FilesCommitter:
                 adds.extend(self._move(c, table_dir))
             first = group[0]
             earlier = [e for e in read_commit_log(table_dir) if e.epoch < epoch]
+            live = _live(earlier)
+            # Replace mode drops everything; a replacement of earlier epochs (a re-run data interval)
+            # drops what those epochs added.
+            replaced = {name for e in earlier if e.epoch in first.replaces for name in e.adds}
             entry = CommitLogEntry(
                 epoch=epoch,
                 pipeline=first.pipeline,
                 sink=first.sink,
                 adds=tuple(sorted(adds)),
-                removes=tuple(_live(earlier)) if self.config.mode == "replace" else (),
+                removes=tuple(live if self.config.mode == "replace" else [n for n in live if n in replaced]),
                 record_count=sum(c.record_count for c in group),
             )
             path = log_entry_path(table_dir, epoch)

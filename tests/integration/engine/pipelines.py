@@ -81,3 +81,24 @@ def at_most_once_pipeline() -> Pipeline:
 
 
 AT_MOST_ONCE = at_most_once_pipeline()
+
+
+def replacing_pipeline() -> Pipeline:
+    """Orders to Parquet and an upsert table, replacing an interval's output when it is re-run."""
+    replica = replicate_pipeline()
+    table = os.environ.get("ONCEFLOW_TEST_TABLE", "engine_test_orders") + "_upsert"
+    columns = {"id": "bigint", "amount": "double precision", "customer": "text"}
+    return replace(
+        replica,
+        name=f"{replica.name}-replacing",
+        on_rerun="replace",
+        sinks=(
+            replace(replica.sinks[1], config={**replica.sinks[1].config, "table": "replaced"}),
+            SinkSpec(
+                "upsert", "postgres_upsert", {"table": table, "columns": columns, "key_columns": ["id"]}
+            ),
+        ),
+    )
+
+
+REPLACING = replacing_pipeline()

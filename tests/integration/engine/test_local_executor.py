@@ -77,3 +77,33 @@ def test_at_most_once_commits_before_processing_so_a_crashed_epoch_is_never_repl
         assert delivered == sorted(delivered_before + [o["id"] for o in second])  # no replay, no duplicate
     finally:
         pg_connect(autocommit=True).execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def test_a_rerun_interval_is_a_no_op_or_with_on_rerun_replace_replaces_its_output(
+    stack, settings, pg_connect
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from onceflow.engine.runner import ProcessFailed
+
+    produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(0, 20))
+    now = datetime.now(UTC)
+    interval = (now - timedelta(hours=1), now + timedelta(seconds=1))
+    # Default: the second run of the interval plans nothing and says why.
+    run_epoch(REPLICATE, Settings.from_env(), data_interval=interval, executor="local")
+    with pytest.raises(ProcessFailed, match="already processed by epoch 1"):
+        run_epoch(REPLICATE, Settings.from_env(), data_interval=interval, executor="local")
+
+    replacing = "tests.integration.engine.pipelines:REPLACING"
+    table = stack["ONCEFLOW_TEST_TABLE"] + "_upsert"
+    try:
+        first = run_epoch(replacing, Settings.from_env(), data_interval=interval, executor="local")
+        again = run_epoch(replacing, Settings.from_env(), data_interval=interval, executor="local")
+        assert (first.epoch.number, again.epoch.number) == (1, 2)
+        assert again.epoch.ranges == first.epoch.ranges
+        ids = list(range(20))
+        files = read_committed_table(Path(stack["ONCEFLOW_TEST_FILES"]), "replaced")
+        assert sorted(files.column("id").to_pylist()) == ids  # epoch 2's files replaced epoch 1's
+        assert pg_ids(pg_connect, table) == ids
+    finally:
+        pg_connect(autocommit=True).execute(f"DROP TABLE IF EXISTS {table}")
