@@ -148,6 +148,18 @@ def plan_epoch(
         plan = metadata.plan(
             spec.source, committed, max_records_per_partition=limit, interval_end_ms=interval_end_ms
         )
+    return _record(spec, ledger, plan, run_id, data_interval, None)
+
+
+def _record(
+    spec: Pipeline,
+    ledger: Ledger,
+    plan: EpochPlan,
+    run_id: str | None,
+    data_interval: tuple[datetime, datetime] | None,
+    replaces: int | None,
+) -> PlannedEpoch:
+    """Write the plan, with its slices' participants, to the ledger: from here on it is durable."""
     slices = slices_of(spec, plan.ranges)
     epoch = ledger.plan_epoch(
         spec.name,
@@ -155,6 +167,7 @@ def plan_epoch(
         expected_participants(spec, slices),
         run_id=run_id,
         data_interval=data_interval,
+        replaces=replaces,
     )
     if spec.commits_before_processing:
         epoch = ledger.commit_epoch(spec.name, epoch.number, {})  # at_most_once: the position moves now
@@ -172,17 +185,8 @@ def plan_replacement(
     if spec.on_rerun != "replace":
         raise ConfigError(f"pipeline {spec.name!r} does not replace intervals (on_rerun={spec.on_rerun!r})")
     assert replaced.data_interval_start is not None and replaced.data_interval_end is not None
-    slices = slices_of(spec, replaced.ranges)
-    epoch = ledger.plan_epoch(
-        spec.name,
-        replaced.ranges,
-        expected_participants(spec, slices),
-        run_id=run_id,
-        data_interval=(replaced.data_interval_start, replaced.data_interval_end),
-        replaces=replaced.number,
-    )
-    crash_point("after_plan")
-    return PlannedEpoch(epoch, EpochPlan(replaced.ranges), slices)
+    interval = (replaced.data_interval_start, replaced.data_interval_end)
+    return _record(spec, ledger, EpochPlan(replaced.ranges), run_id, interval, replaced.number)
 
 
 def replaced_epochs(spec: Pipeline, ledger: Ledger, epoch: Epoch) -> tuple[int, ...]:
