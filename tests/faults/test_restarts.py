@@ -33,12 +33,15 @@ def finish(scenario: harness.Scenario, pg) -> None:  # type: ignore[no-untyped-d
 
 
 @pytest.fixture
-def scenario(settings, pg, tmp_path):  # type: ignore[no-untyped-def]
+def scenario(settings, tmp_path):  # type: ignore[no-untyped-def]
+    import psycopg
+
     made = harness.Scenario(harness.RECORDS, tmp_path, settings)
     made.create_topics()
     made.workload.produce(settings.kafka_bootstrap, 60, aborted=3, bad=("malformed_json",))
     yield made
-    made.drop(pg)
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as fresh:  # PostgreSQL may have restarted
+        made.drop(fresh)
 
 
 def test_kafka_broker_killed_and_restarted_mid_epoch(scenario, pg) -> None:
