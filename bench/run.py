@@ -134,9 +134,11 @@ class Bench:
         self.record("sink_protocol", out)
 
     # 4.
-    def throughput(self, sizes: tuple[int, ...], pg_sizes: tuple[int, ...], peers: bool) -> None:
+    def throughput(
+        self, sizes: tuple[int, ...], pg_sizes: tuple[int, ...], peer_sizes: tuple[int, ...]
+    ) -> None:
         """``pg_sizes``: the sizes at which the PostgreSQL pair (exactly-once 2PC, at-least-once plain)
-        runs too; the files pipeline and the peers run at every size."""
+        runs too, ``peer_sizes`` those at which the peers do; the files pipeline runs at every size."""
         from bench.peers import runs as peer_runs
 
         out: dict[str, Any] = {}
@@ -154,7 +156,7 @@ class Bench:
                             continue
                         run = self._pipeline(config, data, self.settings, BATCH_PER_PARTITION)
                         entry[config] = run.to_dict()
-                    if peers:
+                    if size in peer_sizes:
                         sss = peer_runs.structured_streaming(
                             self.settings, data, self.workdir, BATCH_PER_PARTITION * PARTITIONS
                         )
@@ -264,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pg-sizes", help="sizes at which the PostgreSQL exactly-once/at-least-once pair runs (default: all)"
     )
+    parser.add_argument(
+        "--peer-sizes", help="sizes at which Structured Streaming and quix-streams run (default: all)"
+    )
     parser.add_argument("--commit-sizes", help="comma-separated epoch sizes for the commit benchmark")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (>= 3 for the report)")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for report.md/json/png")
@@ -286,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = tuple(int(float(s)) for s in args.sizes.split(","))
     commit_sizes = (*COMMIT_SIZES, 10_000_000) if args.full else COMMIT_SIZES
     pg_sizes = tuple(int(float(s)) for s in args.pg_sizes.split(",")) if args.pg_sizes else sizes
+    peer_sizes = tuple(int(float(s)) for s in args.peer_sizes.split(",")) if args.peer_sizes else sizes
     if args.commit_sizes:
         commit_sizes = tuple(int(float(s)) for s in args.commit_sizes.split(","))
     if args.smoke:
@@ -303,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "sizes": list(sizes),
         "commit_sizes": list(commit_sizes),
         "pg_sizes": list(pg_sizes),
+        "peer_sizes": list(peer_sizes),
         "runs": bench.runs,
         "record_bytes": RECORD_BYTES,
         "partitions": PARTITIONS,
@@ -319,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "overhead": bench.epoch_overhead,
         "commit": lambda: bench.commit_cost(commit_sizes),
         "protocol": lambda: bench.sink_protocol(protocol_sizes),
-        "throughput": lambda: bench.throughput(sizes, pg_sizes, peers=True),
+        "throughput": lambda: bench.throughput(sizes, pg_sizes, peer_sizes),
         "memory": lambda: bench.memory(max(sizes)),
     }
     if args.smoke:
