@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
@@ -97,6 +98,48 @@ def test_database_of_a_newer_schema_is_refused(ledger: Ledger, tmp_path: Path) -
     with pytest.raises(SchemaMismatch, match="newer onceflow") as err:
         Ledger.connect(f"sqlite:///{tmp_path / 'ledger.db'}")
     assert "onceflow db upgrade" in str(err.value)
+
+
+_NEXT_REVISION = """
+revision = "0002_next"
+down_revision = "0001_initial"
+branch_labels = None
+depends_on = None
+
+import sqlalchemy as sa
+from alembic import op
+
+
+def upgrade() -> None:
+    op.add_column("pipelines", sa.Column("owner", sa.Text(), nullable=True))
+
+
+def downgrade() -> None:
+    op.drop_column("pipelines", "owner")
+"""
+
+
+def test_database_of_an_older_schema_is_refused_until_upgraded(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger left at 0001 by an earlier onceflow, opened by one whose head is a later revision."""
+    from onceflow.ledger import schema
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ledger.plan_epoch(P, ranges(0, 10), EXPECTED)
+    newer = tmp_path / "migrations"
+    shutil.copytree(schema.MIGRATIONS, newer, ignore=shutil.ignore_patterns("__pycache__"))
+    (newer / "versions" / "0002_next.py").write_text(_NEXT_REVISION)
+    monkeypatch.setattr(schema, "MIGRATIONS", newer)
+
+    older = "'0001_initial', older than '0002_next': run `onceflow db upgrade`"
+    with pytest.raises(SchemaMismatch, match=older):
+        Ledger.connect(url)
+    Ledger.connect(url, check=False).upgrade()
+    upgraded = Ledger.connect(url)
+    assert [e.status for e in upgraded.epochs(P)] == [EpochStatus.PLANNED]  # the data came along
+    with sqlite3.connect(tmp_path / "ledger.db") as raw:
+        assert "owner" in [row[1] for row in raw.execute("PRAGMA table_info(pipelines)")]
 
 
 def test_upgrade_is_idempotent_and_connect_then_succeeds(ledger: Ledger, tmp_path: Path) -> None:
