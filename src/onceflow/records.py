@@ -84,62 +84,93 @@ class _Reject(Exception):
 
 def decode_record(record: KafkaRecord, fmt: RecordFormat, max_record_bytes: int) -> Row | DeadLetter:
     """One row (the format's columns plus `onceflow.pipeline.METADATA_COLUMNS`) or one dead letter."""
-    try:
-        if record.size > max_record_bytes:
-            raise _Reject("oversized", f"{record.size} bytes of key and value, limit {max_record_bytes}")
-        row: Row = (
-            _decode_json(record, fmt)
-            if isinstance(fmt, JsonFormat)
-            else {"key": record.key, "value": record.value}
-        )
-    except _Reject as rejected:
-        return DeadLetter(
-            record.topic, record.partition, record.offset, record.key, record.value, rejected.reason
-        )
-    row["_topic"] = record.topic
-    row["_partition"] = record.partition
-    row["_offset"] = record.offset
-    row["_timestamp"] = record.timestamp
-    return row
+    decoder = RowDecoder(fmt, max_record_bytes)
+    decoded = decoder.decode(record)
+    return decoded if isinstance(decoded, DeadLetter) else dict(zip(decoder.columns, decoded, strict=True))
 
 
 def decode_records(records: Iterable[KafkaRecord], fmt: RecordFormat, max_record_bytes: int) -> DecodedBatch:
+    decoder = RowDecoder(fmt, max_record_bytes)
     batch = DecodedBatch()
     for record in records:
-        decoded = decode_record(record, fmt, max_record_bytes)
+        decoded = decoder.decode(record)
         if isinstance(decoded, DeadLetter):
             batch.dead_letters.append(decoded)
         else:
-            batch.rows.append(decoded)
+            batch.rows.append(dict(zip(decoder.columns, decoded, strict=True)))
     return batch
 
 
-def _decode_json(record: KafkaRecord, fmt: JsonFormat) -> Row:
-    if record.value is None:
-        raise _Reject("null_value", "record has no value (a tombstone?)")
-    text = _utf8(record.value, "value")
-    try:
-        document = json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise _Reject("malformed_json", str(exc)) from exc
-    if not isinstance(document, dict):
-        raise _Reject("not_object", f"expected a JSON object, found {_json_type(document)}")
-    row: Row = {}
-    for name in fmt.schema:
-        expected, nullable = fmt.field_type(name)
-        if name not in document or document[name] is None:
-            if nullable:
-                row[name] = None
-                continue
-            if name not in document:
-                raise _Reject("missing_field", f"field {name!r} ({expected}) is missing")
-            raise _Reject("wrong_type", f"field {name!r}: expected {expected}, found null")
-        row[name] = _convert(name, document[name], expected)
-    if fmt.key_field is not None:
-        if record.key is None:
-            raise _Reject("missing_key", f"the format needs a key for column {fmt.key_field!r}")
-        row[fmt.key_field] = _utf8(record.key, "key")
-    return row
+class RowDecoder:
+    """Decodes the records of one format into row tuples (in `row_columns` order) or dead letters.
+
+    Built once per format and task, so that the per-record path, which runs for every record an epoch
+    reads, does no schema look-ups: each field's accepted Python type is resolved here, and only a value
+    that fails the fast type test goes through `_convert` for its precise reason.
+    """
+
+    def __init__(self, fmt: RecordFormat, max_record_bytes: int) -> None:
+        self.fmt = fmt
+        self.max_record_bytes = max_record_bytes
+        self.columns: tuple[str, ...] = tuple(name for name, _, _ in row_columns(fmt))
+        self._fields: tuple[tuple[str, str, bool, type[Any]], ...] = (
+            tuple(
+                (name, base, nullable, _PYTHON_TYPES[base])
+                for name in fmt.schema
+                for base, nullable in [fmt.field_type(name)]
+            )
+            if isinstance(fmt, JsonFormat)
+            else ()
+        )
+
+    def decode(self, record: KafkaRecord) -> tuple[Any, ...] | DeadLetter:
+        try:
+            if record.size > self.max_record_bytes:
+                raise _Reject(
+                    "oversized", f"{record.size} bytes of key and value, limit {self.max_record_bytes}"
+                )
+            values: list[Any] = (
+                self._json_values(record) if isinstance(self.fmt, JsonFormat) else [record.key, record.value]
+            )
+        except _Reject as rejected:
+            return DeadLetter(
+                record.topic, record.partition, record.offset, record.key, record.value, rejected.reason
+            )
+        values += (record.topic, record.partition, record.offset, record.timestamp)
+        return tuple(values)
+
+    def _json_values(self, record: KafkaRecord) -> list[Any]:
+        if record.value is None:
+            raise _Reject("null_value", "record has no value (a tombstone?)")
+        text = _utf8(record.value, "value")
+        try:
+            document: Any = _JSON.decode(text)
+        except ValueError as exc:
+            raise _Reject("malformed_json", str(exc)) from exc
+        if type(document) is not dict:
+            raise _Reject("not_object", f"expected a JSON object, found {_json_type(document)}")
+        values: list[Any] = []
+        for name, base, nullable, python_type in self._fields:
+            value: Any = document.get(name)
+            if type(value) is python_type and (python_type is not int or _INT64_MIN <= value <= _INT64_MAX):
+                values.append(value)
+            elif value is None:
+                if not nullable:
+                    if name not in document:
+                        raise _Reject("missing_field", f"field {name!r} ({base}) is missing")
+                    raise _Reject("wrong_type", f"field {name!r}: expected {base}, found null")
+                values.append(None)
+            else:
+                values.append(_convert(name, value, base))
+        key_field = self.fmt.key_field  # type: ignore[union-attr]
+        if key_field is not None:
+            if record.key is None:
+                raise _Reject("missing_key", f"the format needs a key for column {key_field!r}")
+            values.append(_utf8(record.key, "key"))
+        return values
+
+
+_PYTHON_TYPES: dict[str, type[Any]] = {"string": str, "int": int, "float": float, "bool": bool}
 
 
 def _utf8(data: bytes, what: str) -> str:
@@ -153,18 +184,23 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# One decoder for every record: json.loads with an argument would build a new one per call.
+_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _convert(name: str, value: Any, expected: str) -> Any:
+    """A value whose type is not exactly the expected one: converted where JSON allows (int as float),
+    otherwise the `_Reject` that says what was found."""
     found = _json_type(value)
-    if expected == "string" and found == "string":
-        return value
     if expected == "int" and found == "int":
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            raise _Reject("wrong_type", f"field {name!r}: expected int, found {value} beyond 64 bits")
-        return value
-    if expected == "float" and found in ("int", "float"):
-        return float(value)
-    if expected == "bool" and found == "bool":
-        return value
+        raise _Reject("wrong_type", f"field {name!r}: expected int, found {value} beyond 64 bits")
+    if expected == "float" and found == "int":
+        try:
+            return float(value)
+        except OverflowError as exc:
+            raise _Reject(
+                "wrong_type", f"field {name!r}: expected float, found an int beyond its range"
+            ) from exc
     raise _Reject("wrong_type", f"field {name!r}: expected {expected}, found {found}")
 
 
