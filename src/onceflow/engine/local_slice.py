@@ -52,7 +52,7 @@ def run_slice_local(
     attempt = f"local-{uuid.uuid4().hex[:12]}"
     results: list[TaskResult] = []
     for task in tasks:
-        rows = [dict(zip(names, values, strict=True)) for values in read_tasks(ref, [task], names)]
+        rows = [dict(zip(names, values, strict=True)) for values in read_tasks(ref, [task])]
         for sink in spec.sinks:
             results.append(write_task(ref, sink, task.task_id, attempt, iter(_project(sink, rows))))
     crash_point("slice_after_precommits")

@@ -17,12 +17,14 @@ Steps:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from onceflow.config import Settings
+from onceflow.engine.arrow_rows import arrow_schema, batch_rows, row_batches
 from onceflow.engine.planning import replaced_epochs, slices_of
 from onceflow.engine.task_io import LOST_TO_ANOTHER_ATTEMPT, EpochRef, TaskResult, read_tasks, write_task
 from onceflow.errors import ConfigError, OnceflowError
@@ -123,13 +125,17 @@ def run_slice(
         .getOrCreate()
     )
     try:
-        # 3. Exact reads, decoded on the executors.
+        # 3. Exact reads, decoded on the executors: Spark task i reads read task i, and its rows cross
+        # to the JVM as Arrow batches.
         schema = spark_schema(spec.format)
-        names = [f.name for f in schema.fields]
-        rows = spark.sparkContext.parallelize(tasks, len(tasks)).mapPartitions(
-            lambda part: read_tasks(ref, part, names)
-        )
-        frame = spark.createDataFrame(rows, schema)
+        batch_schema = arrow_schema(schema)
+
+        def read(batches: Iterable[Any]) -> Iterator[Any]:
+            for batch in batches:
+                for index in batch.column(0).to_pylist():
+                    yield from row_batches(read_tasks(ref, [tasks[index]]), batch_schema)
+
+        frame = spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read, schema)
 
         # 4. The transform, then the fold into keyed state.
         output = spec.load_transform()(frame)
@@ -184,14 +190,31 @@ def _write_sink(ref: EpochRef, sink: SinkSpec, frame: Any, task_ids: list[str]) 
     if frame.rdd.getNumPartitions() != len(task_ids):
         frame = frame.repartition(len(task_ids))
 
-    def write(index: int, part: Any) -> Any:
+    result_schema = _result_schema()
+    result_arrow = arrow_schema(result_schema)
+
+    def write(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
         context = SparkTaskContext.get()
         assert context is not None, "write() runs inside a Spark task"
-        attempt = f"{context.stageId()}.{context.partitionId()}.{context.taskAttemptId()}"
-        rows = (row.asDict() for row in part)
-        yield write_task(ref, sink, task_ids[index], attempt, rows)
+        index = context.partitionId()
+        attempt = f"{context.stageId()}.{index}.{context.taskAttemptId()}"
+        result = write_task(ref, sink, task_ids[index], attempt, batch_rows(batches))
+        yield pa.RecordBatch.from_pylist([dataclasses.asdict(result)], schema=result_arrow)
 
-    return list(frame.rdd.mapPartitionsWithIndex(write).collect())
+    return [TaskResult(**row.asDict()) for row in frame.mapInArrow(write, result_schema).collect()]
+
+
+def _result_schema() -> Any:
+    """What each output task reports back to the driver: a `TaskResult` as a Spark row."""
+    from pyspark.sql import types as T
+
+    text, count = T.StringType(), T.LongType()
+    fields = {"sink": text, "task": text, "attempt": text, "records": count, "accepted": T.BooleanType()}
+    return T.StructType(
+        [*(T.StructField(n, t, False) for n, t in fields.items()), T.StructField("reason", text)]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

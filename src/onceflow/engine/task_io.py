@@ -6,7 +6,7 @@ the decoder, sink writers and the ledger, never Airflow, and open their own conn
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,7 @@ from onceflow.faults import crash_point
 from onceflow.ledger import Ledger, LosingAttempt, PrecommitRefused
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import Pipeline, SinkSpec
-from onceflow.records import DeadLetter, decode_record
+from onceflow.records import DeadLetter, RowDecoder
 from onceflow.sinks.base import TaskContext
 from onceflow.sinks.errors import ConflictingAttempt
 from onceflow.sources.kafka_planning import ReadTask
@@ -39,13 +39,14 @@ class EpochRef:
     replaces: tuple[int, ...] = ()  # committed epochs of the same interval whose output this one replaces
 
 
-def read_tasks(ref: EpochRef, tasks: Iterable[ReadTask], columns: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+def read_tasks(ref: EpochRef, tasks: Iterable[ReadTask]) -> Iterator[tuple[Any, ...]]:
     """Read each task's exact range, decode it, and keep bad records as dead letters in the ledger.
 
-    Yields rows as tuples in ``columns`` order. Dead letters are recorded before the task returns, fenced
-    by the epoch's attempt token, so a replay records them again only for a new epoch.
+    Yields rows as tuples in `onceflow.records.row_columns` order. Dead letters are recorded before the
+    task returns, fenced by the epoch's attempt token, so a replay records them again only for a new epoch.
     """
     spec = ref.pipeline
+    decoder = RowDecoder(spec.format, spec.max_record_bytes)
     for task in tasks:
         dead: list[DeadLetter] = []
         middle = task.range.from_offset + (task.range.until_offset - task.range.from_offset) // 2
@@ -53,11 +54,11 @@ def read_tasks(ref: EpochRef, tasks: Iterable[ReadTask], columns: Sequence[str])
             if record.offset >= middle:
                 crash_point("task_mid_read")
                 middle = task.range.until_offset  # once per task
-            decoded = decode_record(record, spec.format, spec.max_record_bytes)
+            decoded = decoder.decode(record)
             if isinstance(decoded, DeadLetter):
                 dead.append(decoded)
             else:
-                yield tuple(decoded.get(c) for c in columns)
+                yield decoded
         if dead:
             ledger = Ledger.connect(ref.ledger_url)
             try:
