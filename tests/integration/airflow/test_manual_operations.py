@@ -145,3 +145,42 @@ def test_cli_commit_after_outage_and_abort(orders_stack, settings) -> None:
         EpochStatus.COMMITTED,
         EpochStatus.ABORTED,
     ]
+
+
+def test_a_failed_process_task_aborts_the_epoch_and_the_next_run_replays_it(
+    orders_stack, settings, tmp_path: Path
+) -> None:
+    """The Spark driver dies after its tasks pre-committed (SIGKILL): `abort` (trigger rule one_failed)
+    rolls the prepared transactions back, and the next run replays exactly that range. Both runs are
+    bounded by the ``max_records_per_partition`` param."""
+    stack = orders_stack
+    data = make_orders(0, 30)
+    produce(settings.kafka_bootstrap, stack.topic, data.records)
+    crash_env = {
+        **stack.env,
+        "ONCEFLOW_CRASH_AT": "slice_after_precommits",
+        "ONCEFLOW_CRASH_STATE": str(tmp_path / "crash"),
+    }
+    (tmp_path / "crash").mkdir()
+    dags_test(crash_env, DAG, conf={"max_records_per_partition": 10})
+    assert (tmp_path / "crash" / "crashed-slice_after_precommits").exists()
+    [failed] = epochs(stack.ledger_url, stack.pipeline)
+    assert failed.status is EpochStatus.ABORTED
+    assert [r.span for r in failed.ranges] == [10]
+    assert stack.order_ids() == []
+    assert read_topic(settings.kafka_bootstrap, stack.enriched) == []
+    assert (
+        stack.pg_rows("SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()")[0][0] == 0
+    )
+
+    dags_test(stack.env, DAG, conf={"max_records_per_partition": 10})
+    replayed = epochs(stack.ledger_url, stack.pipeline)[1]
+    assert replayed.status is EpochStatus.COMMITTED and replayed.ranges == failed.ranges
+    dags_test(stack.env, DAG)
+    assert [e.status for e in epochs(stack.ledger_url, stack.pipeline)] == [
+        EpochStatus.ABORTED,
+        EpochStatus.COMMITTED,
+        EpochStatus.COMMITTED,
+    ]
+    assert stack.order_ids() == data.valid
+    assert _enriched_ids(settings, stack) == data.valid
