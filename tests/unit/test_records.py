@@ -94,6 +94,12 @@ def test_bad_records_become_dead_letters_with_a_reason(record: KafkaRecord, fmt:
     assert (result.key, result.value) == (record.key, record.value)
 
 
+def test_an_int_beyond_the_float_range_is_a_wrong_type_for_a_float_field() -> None:
+    result = decode_record(rec(good(score=10**400)), FMT, 10_000)
+    assert isinstance(result, DeadLetter)
+    assert result.reason == "wrong_type: field 'score': expected float, found an int beyond its range"
+
+
 def test_a_record_at_the_size_limit_is_accepted() -> None:
     assert isinstance(decode_record(rec(b"x" * 20, key=b"k" * 10), RawFormat(), 30), dict)
 
