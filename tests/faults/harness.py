@@ -306,6 +306,12 @@ class Scenario:
                 return count
         raise HarnessError(f"{self.spec.name} did not catch up in {limit} epochs")
 
+    def leftovers(self, pg: Any) -> list[str]:
+        """What the protocol left behind: checked right after a fault's recovery, before catching up,
+        whose own recover steps would otherwise hide a leak of the first one."""
+        with Ledger.connect(self.env["ONCEFLOW_LEDGER_URL"]) as ledger:
+            return invariants.check_protocol_clean(self.spec, ledger, pg, self.root)
+
     def verdict(self, pg: Any) -> invariants.Verdict:
         with Ledger.connect(self.env["ONCEFLOW_LEDGER_URL"]) as ledger:
             return invariants.check_records(
@@ -401,8 +407,11 @@ def run_faults(
     for number, (fault, good, aborted, bad) in enumerate(faults, 1):
         scenario.workload.produce(scenario.settings.kafka_bootstrap, good, aborted=aborted, bad=bad)
         steps = scenario.inject(fault, executor)
+        after_recover = [f"right after recover: {problem}" for problem in scenario.leftovers(pg)]
         scenario.catch_up(executor)
         crashes = [s for s in steps if s.crash is not None]
+        verdict = scenario.verdict(pg)
+        verdict.violations += after_recover
         record = FaultRecord(
             number=number,
             fault=fault.name,
@@ -410,7 +419,7 @@ def run_faults(
             produced=good,
             steps=steps,
             fired=all(s.crashed for s in crashes),
-            verdict=scenario.verdict(pg),
+            verdict=verdict,
         )
         run.records.append(record)
         status = (
