@@ -216,13 +216,13 @@ def _notes_section(results: dict[str, Any]) -> list[str]:
             f"{startup:.1f} s (median) here: {share[0] * 100:.0f} % of the files pipeline's wall time at "
             f"{int(biggest):,} records. Without it the pipeline ran at {share[1]:,.0f} records/s. The rest "
             "is "
-            "the row path: executors read and decode in Python (about 5 µs and 9 µs per record on one core "
-            "of this machine), hand rows to the JVM as pickled tuples (`createDataFrame` over an RDD), and "
-            "the sink writers get them back in Python (`rdd.mapPartitionsWithIndex`), so every record "
-            "crosses the Python/JVM boundary twice on 2 cores shared by driver, executors and the "
-            "services. Remedies, not simple enough to make in a benchmark change: a long-lived Spark "
-            "application serving several epochs (no start-up per epoch), and Arrow batches instead of "
-            "pickled rows between Python and the JVM (`mapInArrow` / Arrow-backed `createDataFrame`)."
+            "the row path in Python: each executor reads with confluent-kafka (a Python object per record) "
+            "and decodes JSON in Python, because every record must become a row or a dead letter with its "
+            "reason; rows then cross to the JVM for the transform, and back to the sink writers, as Arrow "
+            "batches (`mapInArrow`), on 2 cores shared by the driver, the executors and the services. "
+            "Remedies not made yet: a long-lived Spark application serving several epochs (no start-up "
+            "per epoch), and decoding in the JVM (`from_json`) with only the records it rejects examined "
+            "in Python for their reason."
         )
     measured_10m = "10000000" in results.get("commit_cost", {}).get("files", {})
     lines += [
