@@ -98,6 +98,29 @@ def _kill_slice_driver(slice_number: int, stop: threading.Event) -> list[str]:
     return killed
 
 
+def _watch_epoch(settings: Settings, pipeline: str, label: str, stop: threading.Event) -> None:
+    """Say every 15 s where the run's epoch stands, read from the ledger: a DAG run is quiet for minutes."""
+
+    def watch() -> None:
+        started = time.monotonic()
+        while not stop.wait(15):
+            try:
+                with Ledger.connect(settings.ledger_url) as ledger:
+                    epoch = ledger.open_epoch(pipeline)
+                    reported = len(ledger.participants(pipeline, epoch.number)) if epoch else 0
+            except Exception as exc:  # progress only: the run itself reports its failures
+                _say(f"{label}: {time.monotonic() - started:.0f}s, ledger not readable now ({exc})")
+                continue
+            where = (
+                f"epoch {epoch.number} {epoch.status}, {reported} participants pre-committed"
+                if epoch
+                else "no epoch in flight (recovering, planning, or finished)"
+            )
+            _say(f"{label}: {time.monotonic() - started:.0f}s, {where}")
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _read_topic(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     from onceflow.offsets import OffsetRange
     from onceflow.sources.kafka_metadata import KafkaMetadata
@@ -165,6 +188,7 @@ def main() -> int:
         stop = threading.Event()
         killed = _kill_slice_driver(1, stop) if number == KILLED_RUN else []
         _say(f"run {number}: airflow dags test onceflow_orders ({lag} offsets to go)")
+        _watch_epoch(settings, orders.NAME, f"run {number}", stop)
         started = time.monotonic()
         try:
             run_airflow(["dags", "test", "onceflow_orders", "--conf", conf], env, timeout=900)
