@@ -145,8 +145,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"Load average before/after: {meta['load_before']} / {meta.get('load_after')}.",
         "",
         f"Data: {meta['record_bytes']}-byte JSON records in {meta['partitions']} partitions; sizes "
-        f"{', '.join(f'{s:,}' for s in meta['sizes'])}. Work: JSON decode, a filter keeping 90 %, a "
-        f"projection to 3 columns. Every figure is the median of {meta['runs']} runs (min–max in brackets); "
+        f"{', '.join(f'{int(s):,}' for s in _sizes(results) or meta['sizes'])}. Work: JSON decode, a "
+        "filter keeping 90 %, a projection to 3 columns. "
+        f"Every figure is the median of {meta['runs']} runs (min–max in brackets); "
         "every ratio is taken within one round (all systems back to back on the same data), then the median "
         "of the rounds.",
         "",
