@@ -84,20 +84,18 @@ class _Reject(Exception):
 
 def decode_record(record: KafkaRecord, fmt: RecordFormat, max_record_bytes: int) -> Row | DeadLetter:
     """One row (the format's columns plus `onceflow.pipeline.METADATA_COLUMNS`) or one dead letter."""
-    decoder = RowDecoder(fmt, max_record_bytes)
-    decoded = decoder.decode(record)
-    return decoded if isinstance(decoded, DeadLetter) else dict(zip(decoder.columns, decoded, strict=True))
+    return RowDecoder(fmt, max_record_bytes).decode_row(record)
 
 
 def decode_records(records: Iterable[KafkaRecord], fmt: RecordFormat, max_record_bytes: int) -> DecodedBatch:
     decoder = RowDecoder(fmt, max_record_bytes)
     batch = DecodedBatch()
     for record in records:
-        decoded = decoder.decode(record)
+        decoded = decoder.decode_row(record)
         if isinstance(decoded, DeadLetter):
             batch.dead_letters.append(decoded)
         else:
-            batch.rows.append(dict(zip(decoder.columns, decoded, strict=True)))
+            batch.rows.append(decoded)
     return batch
 
 
@@ -122,6 +120,12 @@ class RowDecoder:
             if isinstance(fmt, JsonFormat)
             else ()
         )
+        self._key_field = fmt.key_field if isinstance(fmt, JsonFormat) else None
+
+    def decode_row(self, record: KafkaRecord) -> Row | DeadLetter:
+        """`decode`, with the row as a dict of column to value."""
+        decoded = self.decode(record)
+        return decoded if isinstance(decoded, DeadLetter) else dict(zip(self.columns, decoded, strict=True))
 
     def decode(self, record: KafkaRecord) -> tuple[Any, ...] | DeadLetter:
         try:
@@ -162,10 +166,9 @@ class RowDecoder:
                 values.append(None)
             else:
                 values.append(_convert(name, value, base))
-        key_field = self.fmt.key_field  # type: ignore[union-attr]
-        if key_field is not None:
+        if self._key_field is not None:
             if record.key is None:
-                raise _Reject("missing_key", f"the format needs a key for column {key_field!r}")
+                raise _Reject("missing_key", f"the format needs a key for column {self._key_field!r}")
             values.append(_utf8(record.key, "key"))
         return values
 

@@ -2,8 +2,8 @@
 
 The slice job's executors decode records in Python and its sink writers stage rows in Python, while
 the transform runs in the JVM. Crossing as pickled rows (``createDataFrame`` over an RDD, then
-``DataFrame.rdd``) builds a Python object per row and field on each side; Arrow batches (``mapInArrow``)
-move whole columns instead, which is where most of a slice's time went before.
+``DataFrame.rdd``) pickles every row and rebuilds it as an object on the other side; Arrow batches
+(``mapInArrow``) move whole columns instead.
 """
 
 from __future__ import annotations
