@@ -152,12 +152,13 @@ def markdown(results: dict[str, Any]) -> str:
         "of the rounds.",
         "",
     ]
-    loads = [meta["load_before"][0], *(meta.get("load_after") or [0])[:1]]
-    if max(loads) > 0.5 * (meta.get("cpus") or 1):
+    busy = _busy_runs(meta)
+    if busy:
         lines += [
-            f"**The machine was shared during this run** (1-minute load average up to {max(loads):.1f} on "
-            f"{meta['cpus']} cores, from other workloads): absolute figures are pessimistic and noisy; the "
-            "ratios, taken within a round, are less affected. Re-run `make bench` on a quiet machine.",
+            "**Part of this report was measured on a shared machine** ("
+            + "; ".join(f"{label}: 1-minute load average {load:.1f} when it started" for label, load in busy)
+            + f", on {meta['cpus']} cores, from other workloads): those figures are pessimistic and noisy; "
+            "the ratios, taken within a round, are less affected. Re-run those steps on a quiet machine.",
             "",
         ]
     lines += _targets_section(results)
@@ -169,6 +170,21 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _memory_section(results)
     lines += ["", "![plots](report.png)", ""]
     return "\n".join(lines)
+
+
+def _busy_runs(meta: dict[str, Any]) -> list[tuple[str, float]]:
+    """The runs (the first one, then each merged step) that started with a load above half the cores.
+
+    Only the load before a run counts: afterwards, the 1-minute average mostly holds the run's own work."""
+    runs = [("the first run", meta)] + [
+        (f"step(s) {', '.join(m['steps'])}", m) for m in meta.get("merged", [])
+    ]
+    busy = []
+    for label, run in runs:
+        load = run["load_before"][0]
+        if load > 0.5 * (meta.get("cpus") or 1):
+            busy.append((label, load))
+    return busy
 
 
 def _targets_section(results: dict[str, Any]) -> list[str]:
