@@ -120,8 +120,10 @@ def run_slice(
 
     spark = (
         SparkSession.builder.appName(f"onceflow-{spec.name}-e{epoch_number}-s{slice_number}")
-        # Output partitions are participants: their number must not be changed by adaptive execution.
-        .config("spark.sql.adaptive.coalescePartitions.enabled", "false")
+        # Output partitions are participants: their number is fixed when the query is planned. Adaptive
+        # execution changes it at run time (coalescing, local shuffle readers after a join turns into a
+        # broadcast, skew splits), so a partition could have no participant: it is off in slice jobs.
+        .config("spark.sql.adaptive.enabled", "false")
         .getOrCreate()
     )
     try:
@@ -199,6 +201,11 @@ def _write_sink(ref: EpochRef, sink: SinkSpec, frame: Any, task_ids: list[str]) 
         context = SparkTaskContext.get()
         assert context is not None, "write() runs inside a Spark task"
         index = context.partitionId()
+        if index >= len(task_ids):
+            raise SliceFailed(
+                f"output partition {index} of sink {sink.name!r} has no participant: the query ran with "
+                f"more partitions than its {len(task_ids)} tasks (was adaptive execution re-enabled?)"
+            )
         attempt = f"{context.stageId()}.{index}.{context.taskAttemptId()}"
         result = write_task(ref, sink, task_ids[index], attempt, batch_rows(batches))
         yield pa.RecordBatch.from_pylist([dataclasses.asdict(result)], schema=result_arrow)
