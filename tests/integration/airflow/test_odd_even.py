@@ -30,7 +30,7 @@ def test_running_sums_over_two_dag_runs(airflow_env, make_topic, tmp_path, setti
     try:
         for numbers in (range(1, 21), range(21, 31)):
             produce(settings.kafka_bootstrap, topic, [(None, json.dumps({"n": n}).encode()) for n in numbers])
-            dags_test(env, "onceflow_odd_even")
+            print(dags_test(env, "onceflow_odd_even")[-6000:])  # shown by pytest when the test fails
         with Ledger.connect(ledger_url) as ledger:
             assert [e.status for e in ledger.epochs(f"odd-even{suffix}")] == [EpochStatus.COMMITTED] * 2
         with psycopg.connect(settings.pg_dsn) as conn:
