@@ -26,9 +26,6 @@ Starting: TypeAlias = Literal["earliest", "latest"] | int
 GUARANTEES: tuple[str, ...] = ("exactly_once", "at_least_once", "at_most_once")
 ON_MISSING_OFFSETS: tuple[str, ...] = ("fail", "skip")
 ON_RERUN: tuple[str, ...] = ("skip", "replace")
-# Sink kinds that can replace an interval's earlier output atomically: a files table swaps the
-# interval's files in one commit-log entry; an upsert overwrites the same keys.
-REPLACEABLE_KINDS: tuple[str, ...] = ("files", "postgres_upsert")
 # JSON field types a schema may declare; a trailing "?" makes the field nullable (null or absent).
 FIELD_TYPES: tuple[str, ...] = ("string", "int", "float", "bool")
 # Columns every decoded row carries, so sinks can deduplicate or trace a row back to its record.
@@ -37,6 +34,7 @@ METADATA_COLUMNS: tuple[str, ...] = ("_topic", "_partition", "_offset", "_timest
 BUILTIN_REDUCERS: tuple[str, ...] = ("count", "sum", "min", "max")
 # The participant name of a stateful pipeline's state snapshot; no user sink may take it.
 STATE_SINK = "onceflow_state"
+_DOTTED_KIND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 SPEC_VERSION = 1
 
@@ -236,8 +234,12 @@ class SinkSpec:
             raise _fail(
                 "sinks.name", self.name, "expected [A-Za-z0-9][A-Za-z0-9_.-]*, at most 100 characters"
             )
-        if not isinstance(self.kind, str) or not _IDENT.match(self.kind):
-            raise _fail(f"sinks[{self.name!r}].kind", self.kind, "expected an identifier such as 'postgres'")
+        if not isinstance(self.kind, str) or not (_IDENT.match(self.kind) or _DOTTED_KIND.match(self.kind)):
+            raise _fail(
+                f"sinks[{self.name!r}].kind",
+                self.kind,
+                "expected a kind such as 'postgres_2pc', or package.module:attribute naming a SinkKind",
+            )
         object.__setattr__(self, "config", _frozen_json(f"sinks[{self.name!r}].config", self.config))
 
 
@@ -252,7 +254,7 @@ class Pipeline:
 
     ``on_rerun`` decides what re-running a data interval that already committed does: "skip" (default)
     does nothing and says so; "replace" processes the interval's ranges again and replaces its earlier
-    output, which only sinks in `REPLACEABLE_KINDS` can do.
+    output, which only replaceable sink kinds (`SinkKind.replaceable`) can do.
     """
 
     name: str
@@ -299,14 +301,17 @@ class Pipeline:
         if self.on_rerun not in ON_RERUN:
             raise _fail("on_rerun", self.on_rerun, f"expected one of {ON_RERUN}")
         if self.on_rerun == "replace":
-            append_only = [f"{s.name} ({s.kind})" for s in sinks if s.kind not in REPLACEABLE_KINDS]
+            from onceflow.sinks.registry import known_kinds, sink_kind
+
+            replaceable = [k for k in known_kinds() if sink_kind(k).replaceable]
+            append_only = [f"{s.name} ({s.kind})" for s in sinks if s.kind not in replaceable]
             if append_only or self.state is not None:
                 raise _fail(
                     "on_rerun",
                     self.on_rerun,
                     f"sinks {append_only} are append-only: they cannot take an interval's earlier output "
-                    "back, so replacing it would deliver it twice (only files and postgres_upsert sinks "
-                    "replace atomically)"
+                    "back, so replacing it would deliver it twice (only "
+                    f"{' and '.join(replaceable)} sinks replace atomically)"
                     if append_only
                     else "keyed state would fold the interval's records twice",
                 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from onceflow.errors import ConfigError
-from onceflow.sinks import KINDS, build_committer, build_writer
+from onceflow.sinks import build_committer, build_writer, known_kinds
 from onceflow.sinks.postgres_upsert import collapse_by_key
 
 
@@ -19,7 +19,7 @@ def test_every_kind_builds_a_writer_and_a_committer() -> None:
         "files": {"root": "/tmp/files", "table": "t"},
         "kafka": {"topic": "out", "staging_root": "/tmp/k", "bootstrap": "127.0.0.1:1"},
     }
-    assert set(configs) == set(KINDS)
+    assert set(configs) == set(known_kinds())
     for kind, config in configs.items():
         writer, committer = build_writer(kind, config), build_committer(kind, config)
         for method in ("begin", "write", "pre_commit", "abort"):
@@ -44,3 +44,18 @@ def test_unknown_kinds_and_settings_are_named() -> None:
 def test_upsert_batches_keep_the_last_row_per_key() -> None:
     rows = [(1, "a", 1), (2, "a", 2), (1, "a", 3), (1, "b", 4)]
     assert collapse_by_key(rows, ("k1", "k2", "v"), ("k1", "k2")) == [(1, "a", 3), (2, "a", 2), (1, "b", 4)]
+
+
+def test_each_kind_is_one_object_that_answers_for_itself() -> None:
+    from onceflow.sinks import sink_kind
+
+    kinds = {name: sink_kind(name) for name in known_kinds()}
+    assert {n for n, k in kinds.items() if k.direct} == {"plain", "postgres_upsert"}
+    assert {n for n, k in kinds.items() if k.replaceable} == {"files", "postgres_upsert"}
+    assert {n for n, k in kinds.items() if k.guarantee == "at_least_once"} == {"plain", "wal"}
+    assert kinds["kafka"].columns({"value_format": "json"}) is None
+    assert kinds["kafka"].columns({}) == ["key", "value"]
+    assert kinds["files"].columns({"columns": {"a": "int64", "b": "string"}}) == ["a", "b"]
+    assert sink_kind("onceflow.testing:RECORDING_KIND").name == "recording"
+    with pytest.raises(ConfigError, match="is not a SinkKind"):
+        sink_kind("onceflow.testing:RecordingCommitter")

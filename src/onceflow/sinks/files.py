@@ -36,6 +36,7 @@ from onceflow.sinks.errors import (
     StagedOutputLost,
     WriterStateError,
 )
+from onceflow.sinks.registry import SinkKind
 from onceflow.sinks.staging import (
     StagingArea,
     fsync_dir,
@@ -381,3 +382,12 @@ def _by_epoch(committables: Sequence[Committable]) -> dict[int, list[Committable
     for c in sorted(committables, key=lambda c: (c.epoch, c.task)):
         groups.setdefault(c.epoch, []).append(c)
     return groups
+
+
+SINK_KIND = SinkKind(
+    name=KIND,
+    writer=FilesWriter,
+    committer=FilesCommitter,
+    guarantee="exactly_once",
+    replaceable=True,
+)

@@ -33,10 +33,13 @@ from onceflow.sinks.errors import (
     StagedOutputCorrupt,
     StagedOutputLost,
 )
+from onceflow.sinks.registry import SinkKind
 from onceflow.sinks.staging import StagedFileWriter, StagingArea, sha256_file
 
 if TYPE_CHECKING:
     from confluent_kafka import Producer
+
+    from onceflow.pipeline import Pipeline, SinkSpec
 
 KIND = "kafka"
 RECORDS = "records.bin"
@@ -355,3 +358,50 @@ def check_transaction_timeout(config: KafkaSinkConfig, pipeline_timeout_ms: int)
             f"{KIND} sink transaction_timeout_ms={config.transaction_timeout_ms} is shorter than the "
             f"pipeline's transaction timeout {pipeline_timeout_ms} ms"
         )
+
+
+def _columns(config: Mapping[str, Any]) -> list[str] | None:
+    """Raw records are exactly ``key`` and ``value``; JSON records take whatever the transform returns."""
+    return None if config.get("value_format") == "json" else ["key", "value"]
+
+
+def _plan_checks(spec: Pipeline, sinks: Sequence[SinkSpec], parallel_tasks: int) -> None:
+    """Refuse what would lose or drop data later.
+
+    1. A producer ``transaction_timeout_ms`` shorter than the pipeline's transaction timeout: Kafka would
+       abort a staged epoch that the pipeline may still commit, and the commit would find nothing.
+    2. Two Kafka sinks committing input offsets to one consumer group: that position marks an epoch as
+       published, so the second sink would take its epoch for published and drop it.
+    """
+    groups: dict[str, str] = {}
+    for sink in sinks:
+        config = KafkaSinkConfig.from_mapping(SINK_KIND.config_for(sink, None))
+        # 1.
+        try:
+            check_transaction_timeout(config, spec.transaction_timeout_s * 1000)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"sink {sink.name!r}: {exc}; Kafka would abort a staged epoch that the pipeline may "
+                "still commit. Raise transaction_timeout_ms (up to the broker's "
+                "transaction.max.timeout.ms) or lower the pipeline's transaction_timeout_s"
+            ) from exc
+        # 2.
+        group = config.group_for(spec.name)
+        if group in groups:
+            raise ConfigError(
+                f"sinks {groups[group]!r} and {sink.name!r} both commit input offsets to consumer group "
+                f"{group!r}; that position marks an epoch as published, so each Kafka sink needs its own: "
+                "set a distinct group_id in their configs"
+            )
+        groups[group] = sink.name
+
+
+SINK_KIND = SinkKind(
+    name=KIND,
+    writer=KafkaWriter,
+    committer=KafkaCommitter,
+    guarantee="exactly_once",
+    columns=_columns,
+    plan_checks=_plan_checks,
+    defaults=lambda settings: {"bootstrap": settings.kafka_bootstrap},
+)

@@ -13,6 +13,7 @@ from typing import Any
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import DirectWriterBase, NothingToCommit, PgTableConfig, copy_rows
 from onceflow.sinks.base import Row
+from onceflow.sinks.registry import SinkKind, pg_defaults
 
 KIND = "plain"
 
@@ -56,3 +57,13 @@ class PlainCommitter(NothingToCommit):
 
     def __init__(self, config: PlainConfig | Mapping[str, Any]) -> None:
         self.config = _as_config(config)
+
+
+SINK_KIND = SinkKind(
+    name=KIND,
+    writer=PlainWriter,
+    committer=PlainCommitter,
+    guarantee="at_least_once",
+    direct=True,
+    defaults=pg_defaults,
+)

@@ -33,6 +33,7 @@ from onceflow.sinks.errors import (
     StagedOutputLost,
     WriterStateError,
 )
+from onceflow.sinks.registry import SinkKind, pg_defaults
 
 if TYPE_CHECKING:
     import psycopg
@@ -341,3 +342,12 @@ class PostgresTwoPhaseCommitter:
                 )
             )
         return sorted(found, key=lambda c: (c.epoch, c.sink, c.task, c.attempt))
+
+
+SINK_KIND = SinkKind(
+    name=KIND,
+    writer=PostgresTwoPhaseWriter,
+    committer=PostgresTwoPhaseCommitter,
+    guarantee="exactly_once",
+    defaults=pg_defaults,
+)

@@ -15,6 +15,7 @@ from onceflow.errors import ConfigError
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import DirectWriterBase, NothingToCommit, PgTableConfig, insert_rows, insert_statement
 from onceflow.sinks.base import Row
+from onceflow.sinks.registry import SinkKind, pg_defaults
 
 KIND = "postgres_upsert"
 
@@ -80,3 +81,14 @@ class UpsertCommitter(NothingToCommit):
 
     def __init__(self, config: UpsertConfig | Mapping[str, Any]) -> None:
         self.config = _as_config(config)
+
+
+SINK_KIND = SinkKind(
+    name=KIND,
+    writer=UpsertWriter,
+    committer=UpsertCommitter,
+    guarantee="exactly_once",
+    direct=True,
+    replaceable=True,
+    defaults=pg_defaults,
+)

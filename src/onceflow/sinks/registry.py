@@ -1,63 +1,130 @@
-"""Sink kinds by name, so that the coordinator, the CLI and Spark tasks build sinks from configuration.
+"""Sink kinds as objects, found by name: kind ``x`` is the `SinkKind` called ``SINK_KIND`` in
+``onceflow.sinks.x``.
 
-Modules are imported on first use, so a Spark executor that builds a ``files`` writer never imports the
-Kafka or PostgreSQL client libraries.
+Like Flink's ``Sink`` with ``SupportsCommitter``, one object per kind carries everything the rest of
+onceflow asks of a kind: its writer and committer factories, the guarantee it gives on its own, whether
+it writes directly (nothing staged), whether it can replace an interval's earlier output, which columns
+it needs, its plan-time checks and the version of its committables. Adding a kind is adding one module.
+
+Only the module of a kind that is used gets imported, and sink modules import their client libraries
+lazily, so a Spark executor that writes files never imports the Kafka or PostgreSQL clients.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import pkgutil
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 from onceflow.errors import ConfigError
 from onceflow.sinks.base import SinkCommitter, SinkWriter
 
+if TYPE_CHECKING:
+    from onceflow.config import Settings
+    from onceflow.pipeline import Pipeline, SinkSpec
+
+Guarantee = Literal["exactly_once", "at_least_once"]
+# Modules of this package that are not sink kinds.
+_NOT_KINDS = frozenset({"base", "errors", "registry", "staging"})
+
+
+def _no_checks(spec: Pipeline, sinks: Sequence[SinkSpec], parallel_tasks: int) -> None:
+    return None
+
+
+def _no_defaults(settings: Settings) -> dict[str, Any]:
+    return {}
+
+
+def pg_defaults(settings: Settings) -> dict[str, Any]:
+    """A PostgreSQL sink without ``dsn`` writes to the deployment's PostgreSQL."""
+    return {"dsn": settings.pg_dsn}
+
+
+def configured_columns(config: Mapping[str, Any]) -> list[str] | None:
+    """The columns named by a sink's ``columns`` setting (mapping or list of pairs), if it has one."""
+    columns = config.get("columns")
+    if isinstance(columns, Mapping):
+        return list(columns)
+    if isinstance(columns, list | tuple):
+        return [c[0] if isinstance(c, list | tuple) else str(c) for c in columns]
+    return None
+
 
 @dataclass(frozen=True)
 class SinkKind:
-    """Where a kind's writer and committer live, the guarantee it gives on its own, and whether its rows
-    are visible as soon as they are written (``direct``: nothing is staged, commit has nothing to do)."""
+    """One kind of sink: everything the coordinator, the planner and the executors need to know of it.
 
-    module: str
-    writer: str
-    committer: str
-    guarantee: str
+    ``writer`` and ``committer`` build the two halves from the sink's config (plus its name). ``direct``
+    kinds make rows visible as they are written (commit has nothing to do); ``replaceable`` kinds can
+    take an interval's earlier output away when a re-run commits (``on_rerun="replace"``).
+    ``plan_checks(spec, sinks, parallel_tasks)`` refuses, before anything is written, what would fail
+    later (it gets all the pipeline's sinks of this kind at once). ``columns(config)`` names the columns
+    rows must have, in order, or None to take the transform's output as it is. ``defaults(settings)``
+    fills settings the sink's config leaves out from the deployment's `Settings` (e.g. the PostgreSQL
+    DSN), so sinks get their settings explicitly, never through the process environment.
+    """
+
+    name: str
+    writer: Callable[[Mapping[str, Any]], SinkWriter]
+    committer: Callable[[Mapping[str, Any]], SinkCommitter]
+    guarantee: Guarantee
     direct: bool = False
+    replaceable: bool = False
+    committable_version: int = 1
+    columns: Callable[[Mapping[str, Any]], list[str] | None] = configured_columns
+    plan_checks: Callable[[Pipeline, Sequence[SinkSpec], int], None] = _no_checks
+    defaults: Callable[[Settings], dict[str, Any]] = _no_defaults
+
+    def config_for(self, sink: SinkSpec, settings: Settings | None) -> dict[str, Any]:
+        """The config a writer or committer of ``sink`` is built from: the kind's defaults from the
+        settings, the sink's own config over them, and its name (which scopes its orphan scan)."""
+        base = {} if settings is None else self.defaults(settings)
+        return {**base, **sink.config, "name": sink.name}
+
+    def build_writer(self, config: Mapping[str, Any]) -> SinkWriter:
+        """A writer for one task attempt; the config is validated here, naming any bad setting."""
+        return self.writer(config)
+
+    def build_committer(self, config: Mapping[str, Any]) -> SinkCommitter:
+        return self.committer(config)
 
 
-KINDS: dict[str, SinkKind] = {
-    "postgres_2pc": SinkKind(
-        "onceflow.sinks.postgres_2pc", "PostgresTwoPhaseWriter", "PostgresTwoPhaseCommitter", "exactly_once"
-    ),
-    "files": SinkKind("onceflow.sinks.files", "FilesWriter", "FilesCommitter", "exactly_once"),
-    "kafka": SinkKind("onceflow.sinks.kafka", "KafkaWriter", "KafkaCommitter", "exactly_once"),
-    "postgres_upsert": SinkKind(
-        "onceflow.sinks.postgres_upsert", "UpsertWriter", "UpsertCommitter", "exactly_once", direct=True
-    ),
-    "wal": SinkKind("onceflow.sinks.wal", "WalWriter", "WalCommitter", "at_least_once"),
-    "plain": SinkKind("onceflow.sinks.plain", "PlainWriter", "PlainCommitter", "at_least_once", direct=True),
-}
+def known_kinds() -> list[str]:
+    """The kinds this onceflow has: the kind modules of this package (none of them is imported)."""
+    import onceflow.sinks as package
+
+    return sorted(
+        m.name
+        for m in pkgutil.iter_modules(package.__path__)
+        if not m.name.startswith("_") and m.name not in _NOT_KINDS
+    )
 
 
 def sink_kind(kind: str) -> SinkKind:
-    try:
-        return KINDS[kind]
-    except KeyError:
-        raise ConfigError(f"unknown sink kind {kind!r}; known kinds: {', '.join(sorted(KINDS))}") from None
+    """The kind called ``kind``; an unknown name is refused with the list of known kinds.
 
+    ``package.module:attribute`` names a kind of another package (a `SinkKind` object)."""
+    if ":" in kind:
+        from onceflow.pipeline import import_dotted
 
-def _build(kind: str, attribute: str, config: Mapping[str, Any]) -> Any:
-    spec = sink_kind(kind)
-    factory = getattr(importlib.import_module(spec.module), getattr(spec, attribute))
-    return factory(config)
+        found = import_dotted(kind)
+        if not isinstance(found, SinkKind):
+            raise ConfigError(f"sink kind {kind!r} is not a SinkKind object")
+        return found
+    if kind not in known_kinds():
+        raise ConfigError(f"unknown sink kind {kind!r}; known kinds: {', '.join(known_kinds())}")
+    found = getattr(importlib.import_module(f"onceflow.sinks.{kind}"), "SINK_KIND", None)
+    if not isinstance(found, SinkKind) or found.name != kind:
+        raise ConfigError(f"module onceflow.sinks.{kind} defines no SINK_KIND named {kind!r}")
+    return found
 
 
 def build_writer(kind: str, config: Mapping[str, Any]) -> SinkWriter:
-    """A writer for one task attempt; the config is validated here, naming any bad setting."""
-    return cast(SinkWriter, _build(kind, "writer", config))
+    return sink_kind(kind).build_writer(config)
 
 
 def build_committer(kind: str, config: Mapping[str, Any]) -> SinkCommitter:
-    return cast(SinkCommitter, _build(kind, "committer", config))
+    return sink_kind(kind).build_committer(config)

@@ -27,6 +27,7 @@ from onceflow.sinks._pg import (
 )
 from onceflow.sinks.base import Committable, Row
 from onceflow.sinks.errors import RowError, StagedOutputCorrupt, StagedOutputLost
+from onceflow.sinks.registry import SinkKind, pg_defaults
 from onceflow.sinks.staging import StagedFileWriter, StagingArea, sha256_file
 
 KIND = "wal"
@@ -132,3 +133,8 @@ class WalCommitter:
 
     def orphans(self, pipeline: str) -> list[Committable]:
         return self._area.orphans(pipeline, self.config.table.name)
+
+
+SINK_KIND = SinkKind(
+    name=KIND, writer=WalWriter, committer=WalCommitter, guarantee="at_least_once", defaults=pg_defaults
+)
