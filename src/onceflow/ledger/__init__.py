@@ -1,16 +1,9 @@
-"""The ledger: the coordinator's durable epoch state machine, recovery and the orphan sweeper.
+"""The ledger: the store of the protocol's durable state, with compare-and-set transitions.
 
-Everything goes through `Ledger` (``Ledger.connect(url)``, URL from ``Settings.ledger_url``); see
-`ledger.Ledger` for the state machine and `coordinator` for commit, abort and recovery.
+Open it with ``Ledger.connect(url)`` (URL from ``Settings.ledger_url``). It imports nothing of the
+coordinator, the committers or any sink: `onceflow.coordinator` drives the protocol through it.
 """
 
-from onceflow.ledger.committers import (
-    CommitterProvider,
-    committer_provider,
-    committers_for,
-    set_committer_provider,
-)
-from onceflow.ledger.coordinator import RecoveryReport, classify_orphan
 from onceflow.ledger.errors import (
     EpochInFlight,
     EpochNotPlanned,
@@ -28,13 +21,12 @@ from onceflow.ledger.errors import (
     UnexpectedParticipant,
     UnknownEpoch,
 )
-from onceflow.ledger.ledger import Ledger
+from onceflow.ledger.ledger import Ledger, Registration
 from onceflow.ledger.models import EpochStatus, ParticipantStatus, SnapshotStatus
 from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter
 from onceflow.records import DeadLetter
 
 __all__ = [
-    "CommitterProvider",
     "DeadLetter",
     "Epoch",
     "EpochInFlight",
@@ -51,7 +43,7 @@ __all__ = [
     "ParticipantStatus",
     "ParticipantsMissing",
     "PrecommitRefused",
-    "RecoveryReport",
+    "Registration",
     "SchemaMismatch",
     "SinkCallFailed",
     "SnapshotStatus",
@@ -60,8 +52,4 @@ __all__ = [
     "StoredDeadLetter",
     "UnexpectedParticipant",
     "UnknownEpoch",
-    "classify_orphan",
-    "committer_provider",
-    "committers_for",
-    "set_committer_provider",
 ]

@@ -1,4 +1,8 @@
-"""The ledger's epoch state machine: the one API that DAG tasks, Spark executors and the CLI call.
+"""The ledger: a store of epochs, offsets, participants, state snapshots and dead letters.
+
+It knows tables and compare-and-set transitions, nothing of sinks or committers: the coordinator
+(`onceflow.coordinator`) drives the protocol through it, and Spark executors never touch it (their driver
+registers a slice's pre-commits in one transaction).
 
 Epoch status moves ``PLANNED -> COMMITTING -> COMMITTED`` or ``PLANNED -> ABORTING -> ABORTED``. Every
 transition is a compare-and-set (``UPDATE ... WHERE status = :expected``, rowcount checked) in its own short
@@ -11,16 +15,18 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from onceflow.committables import Committable
 from onceflow.ledger import schema
 from onceflow.ledger.errors import (
     EpochInFlight,
@@ -51,11 +57,8 @@ from onceflow.ledger.models import (
 from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter
 from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
-from onceflow.sinks.base import Committable, SinkCommitter
 
-if TYPE_CHECKING:
-    from onceflow.ledger.coordinator import RecoveryReport
-
+_DECIDED_FOR_COMMIT = (EpochStatus.COMMITTING.value, EpochStatus.COMMITTED.value)
 # Handle keys that name where a committable's output is staged, in the order they are looked up.
 _LOCATION_KEYS = ("location", "path", "gid", "transactional_id")
 
@@ -71,6 +74,15 @@ def staged_location(committable: Committable) -> str | None:
 
 def _where(pipeline: str, number: int) -> str:
     return f"epoch {number} of pipeline {pipeline!r}"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What `Ledger.register_slice` did: the participants it holds now, and the attempts that lost."""
+
+    accepted: tuple[Participant, ...]
+    lost: tuple[Committable, ...]
+    dead_letters_added: int
 
 
 class Ledger:
@@ -148,6 +160,8 @@ class Ledger:
             decided_at=row.decided_at,
             finished_at=row.finished_at,
             abort_reason=row.abort_reason,
+            owner=row.owner,
+            lease_expires_at=row.lease_expires_at,
         )
 
     @staticmethod
@@ -196,6 +210,17 @@ class Ledger:
         with self._tx() as s:
             row = s.scalars(
                 select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.status.in_(OPEN_STATUSES))
+            ).one_or_none()
+            return None if row is None else self._to_epoch(s, row)
+
+    def epoch_of_run(self, pipeline: str, run_id: str) -> Epoch | None:
+        """The latest epoch the orchestrator run ``run_id`` planned (a re-planned run has several)."""
+        with self._tx() as s:
+            row = s.scalars(
+                select(EpochRow)
+                .where(EpochRow.pipeline == pipeline, EpochRow.run_id == run_id)
+                .order_by(EpochRow.epoch.desc())
+                .limit(1)
             ).one_or_none()
             return None if row is None else self._to_epoch(s, row)
 
@@ -269,8 +294,13 @@ class Ledger:
         run_id: str | None = None,
         data_interval: tuple[datetime, datetime] | None = None,
         replaces: int | None = None,
+        owner: str | None = None,
+        lease_s: float | None = None,
     ) -> Epoch:
         """Record epoch n+1's input ranges and participants before anything is processed.
+
+        ``owner`` names who runs the epoch and ``lease_s`` how long it counts as alive without a renewal
+        (`renew_lease`); recovery rolls back an undecided epoch only once its owner is gone.
 
         Refused while another epoch is not final (invariant 1) and for a range that does not start where
         the last committed epoch of its partition ended (invariant 2). Each plan gets a fresh attempt token
@@ -301,7 +331,8 @@ class Ledger:
                 )
         for attempt in range(3):
             try:
-                return self._plan_once(pipeline, ranges, pairs, run_id, data_interval, replaces)
+                lease = (pairs, owner, lease_s)
+                return self._plan_once(pipeline, ranges, lease, run_id, data_interval, replaces)
             except IntegrityError as exc:
                 # A concurrent planner inserted the pipeline or the same epoch first; look again.
                 if attempt == 2:
@@ -314,11 +345,12 @@ class Ledger:
         self,
         pipeline: str,
         ranges: Sequence[OffsetRange],
-        pairs: list[tuple[str, str]],
+        lease: tuple[list[tuple[str, str]], str | None, float | None],
         run_id: str | None,
         data_interval: tuple[datetime, datetime] | None,
         replaces: int | None = None,
     ) -> Epoch:
+        pairs, owner, lease_s = lease
         now = utcnow()
         with self._tx() as s:
             if s.get(PipelineRow, pipeline, with_for_update=True) is None:
@@ -328,9 +360,11 @@ class Ledger:
                 select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.status.in_(OPEN_STATUSES))
             ).first()
             if busy is not None:
+                owned = f", owned by {busy.owner}" if busy.owner else ""
                 raise EpochInFlight(
-                    f"pipeline {pipeline!r}: epoch {busy.epoch} is still {busy.status}; it must be committed "
-                    f"or aborted (e.g. `onceflow recover {pipeline}`) before another epoch is planned"
+                    f"pipeline {pipeline!r}: epoch {busy.epoch} is still {busy.status}{owned}; it must be "
+                    f"committed or aborted (e.g. `onceflow recover {pipeline}`) before another epoch is "
+                    "planned"
                 )
             if replaces is not None:
                 self._check_replacement(s, pipeline, replaces, ranges, data_interval)
@@ -353,6 +387,8 @@ class Ledger:
                 data_interval_end=None if data_interval is None else data_interval[1],
                 expected_participants=json.dumps([list(p) for p in pairs]),
                 planned_at=now,
+                owner=owner,
+                lease_expires_at=None if lease_s is None else now + timedelta(seconds=lease_s),
             )
             s.add(row)
             s.flush()
@@ -403,6 +439,21 @@ class Ledger:
             row.attempt_token = token
             return self._to_epoch(s, row)
 
+    def renew_lease(self, pipeline: str, number: int, lease_s: float) -> bool:
+        """Extend the lease of an epoch in flight; False once it is final (nothing left to keep alive)."""
+        with self._tx() as s:
+            result = s.execute(
+                update(EpochRow)
+                .where(
+                    EpochRow.pipeline == pipeline,
+                    EpochRow.epoch == number,
+                    EpochRow.status.in_([status.value for status in OPEN_STATUSES]),
+                )
+                .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+                .execution_options(synchronize_session=False)
+            )
+            return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
     # ------------------------------------------------------------------------------------ pre-commit
 
     def _check_fence(self, row: EpochRow, token: str, what: str, *, committed_ok: bool = False) -> None:
@@ -418,62 +469,93 @@ class Ledger:
             )
 
     def register_precommit(self, committable: Committable, attempt_token: str) -> Participant:
-        """Record that a task attempt staged its output durably (Flink's preCommit), if the ledger allows.
+        """Register one pre-commit; `LosingAttempt` when another attempt of its task won (see
+        `register_slice`, which this is a one-committable case of)."""
+        done = self.register_slice(committable.pipeline, committable.epoch, attempt_token, [committable])
+        if done.lost:
+            c = done.lost[0]
+            winner = next(
+                p for p in self.participants(c.pipeline, c.epoch) if (p.sink, p.task) == (c.sink, c.task)
+            )
+            raise LosingAttempt(
+                f"{_where(c.pipeline, c.epoch)}: pre-commit of sink {c.sink!r} task {c.task!r} attempt "
+                f"{c.attempt!r} refused, attempt {winner.attempt!r} of that task registered first and won"
+            )
+        return done.accepted[0]
 
-        Accepted only while the epoch is PLANNED, the token is current and (sink, task) is expected
-        (invariant 3). The first attempt of a (sink, task) wins; the same attempt again is a no-op (also
-        once the epoch is decided); any other attempt gets `LosingAttempt`. On any `PrecommitRefused`
-        the caller aborts its own staging.
+    def register_slice(
+        self,
+        pipeline: str,
+        number: int,
+        attempt_token: str,
+        committables: Sequence[Committable],
+        dead_letters: Sequence[DeadLetter] = (),
+        *,
+        after_commit: bool = False,
+    ) -> Registration:
+        """Record a slice's pre-commits and dead letters in one transaction (Flink's preCommit, decided
+        at the driver as Spark's OutputCommitCoordinator does).
+
+        Accepted only while the epoch is PLANNED, the token is current and every (sink, task) is expected
+        (invariant 3); otherwise nothing is recorded and the caller rolls back every committable. Per
+        task the first registered attempt wins: the same attempt again is a no-op (also once the epoch
+        is decided), another attempt is returned in ``lost`` for the caller to roll back. Dead letters
+        already recorded for a record are skipped. ``after_commit`` also accepts dead letters of a
+        COMMITTED epoch (an at-most-once epoch commits before its records are read).
         """
-        c = committable
-        what = f"pre-commit of sink {c.sink!r} task {c.task!r} attempt {c.attempt!r}"
+        what = f"pre-commit of {len(committables)} committable(s) and {len(dead_letters)} dead letters"
         for retry in range(2):
             try:
                 with self._tx() as s:
-                    row = self._epoch_row(s, c.pipeline, c.epoch, lock="share")
-                    existing = s.get(ParticipantRow, (c.pipeline, c.epoch, c.sink, c.task))
-                    if (
-                        existing is not None
-                        and existing.attempt == c.attempt
-                        and row.status in (EpochStatus.COMMITTING, EpochStatus.COMMITTED)
-                    ):
-                        # The winner repeating itself after the decision: refusing would make it roll
-                        # back the very output the epoch is committing.
-                        return self._to_participant(existing)
-                    self._check_fence(row, attempt_token, what)
-                    expected = {(str(a), str(b)) for a, b in json.loads(row.expected_participants)}
-                    if (c.sink, c.task) not in expected:
-                        raise UnexpectedParticipant(
-                            f"{_where(c.pipeline, c.epoch)}: {what} refused, (sink, task) "
-                            f"({c.sink!r}, {c.task!r}) is not an expected participant"
-                        )
-                    if existing is not None:
-                        if existing.attempt == c.attempt:
-                            return self._to_participant(existing)
-                        raise LosingAttempt(
-                            f"{_where(c.pipeline, c.epoch)}: {what} refused, attempt {existing.attempt!r} "
-                            "of that task registered first and won"
-                        )
-                    new = ParticipantRow(
-                        pipeline=c.pipeline,
-                        epoch=c.epoch,
-                        sink=c.sink,
-                        task=c.task,
-                        slice=c.slice,
-                        attempt=c.attempt,
-                        attempt_token=attempt_token,
-                        committable=c.to_json(),
-                        staged_location=staged_location(c),
-                        record_count=c.record_count,
-                        checksum=c.checksum,
-                        status=ParticipantStatus.PRECOMMITTED.value,
-                        precommitted_at=utcnow(),
+                    row = self._epoch_row(s, pipeline, number, lock="share")
+                    existing = {(p.sink, p.task): p for p in self._participant_rows(s, pipeline, number)}
+                    repeats = all(
+                        (c.sink, c.task) in existing and existing[(c.sink, c.task)].attempt == c.attempt
+                        for c in committables
                     )
-                    s.add(new)
+                    if not (committables and repeats and row.status in _DECIDED_FOR_COMMIT):
+                        # (A winner repeating itself after the decision is accepted: refusing would make
+                        # it roll back the very output the epoch is committing.)
+                        self._check_fence(row, attempt_token, what, committed_ok=after_commit)
+                    expected = {(str(a), str(b)) for a, b in json.loads(row.expected_participants)}
+                    accepted: list[Participant] = []
+                    lost: list[Committable] = []
+                    for c in committables:
+                        if (c.pipeline, c.epoch) != (pipeline, number) or (c.sink, c.task) not in expected:
+                            raise UnexpectedParticipant(
+                                f"{_where(pipeline, number)}: {what} refused, (sink, task) "
+                                f"({c.sink!r}, {c.task!r}) of epoch {c.epoch} is not an expected participant"
+                            )
+                        winner = existing.get((c.sink, c.task))
+                        if winner is not None:
+                            if winner.attempt == c.attempt:
+                                accepted.append(self._to_participant(winner))
+                            else:
+                                lost.append(c)
+                            continue
+                        new = ParticipantRow(
+                            pipeline=c.pipeline,
+                            epoch=c.epoch,
+                            sink=c.sink,
+                            task=c.task,
+                            slice=c.slice,
+                            attempt=c.attempt,
+                            attempt_token=attempt_token,
+                            committable=c.to_json(),
+                            staged_location=staged_location(c),
+                            record_count=c.record_count,
+                            checksum=c.checksum,
+                            status=ParticipantStatus.PRECOMMITTED.value,
+                            precommitted_at=utcnow(),
+                        )
+                        s.add(new)
+                        existing[(c.sink, c.task)] = new
+                        accepted.append(self._to_participant(new))
+                    added = self._add_dead_letters(s, pipeline, number, dead_letters)
                     s.flush()
-                    return self._to_participant(new)
+                    return Registration(tuple(accepted), tuple(lost), added)
             except IntegrityError:
-                # Another attempt of the same task inserted concurrently: look again to see who won.
+                # Another slice driver registered the same task concurrently: look again to see who won.
                 if retry:
                     raise
         raise AssertionError("unreachable")
@@ -511,7 +593,7 @@ class Ledger:
             .order_by(ParticipantRow.sink, ParticipantRow.task)
         ).all()
 
-    def decide(self, pipeline: str, number: int) -> Epoch:
+    def decide_commit(self, pipeline: str, number: int) -> Epoch:
         """Write the durable decision to commit: PLANNED -> COMMITTING (idempotent once decided).
 
         Only when every expected participant is PRECOMMITTED (invariant 4); refused once an abort began
@@ -522,12 +604,11 @@ class Ledger:
             status = EpochStatus(row.status)
             if status in (EpochStatus.COMMITTING, EpochStatus.COMMITTED):
                 return self._to_epoch(s, row)
-            if status is not EpochStatus.PLANNED:
-                raise IllegalTransition(
-                    f"cannot commit {_where(pipeline, number)}: it is {status}"
-                    f" (abort reason: {row.abort_reason or 'none given'}); once an abort has begun, commit "
-                    "is refused and its range is replayed by the next epoch"
-                )
+            from onceflow.decisions import commit_refusal  # pure; imported here as it reads ledger records
+
+            refusal = commit_refusal(self._to_epoch(s, row))
+            if refusal is not None:
+                raise IllegalTransition(refusal)
             reported = {(p.sink, p.task) for p in self._participant_rows(s, pipeline, number)}
             expected = [(str(a), str(b)) for a, b in json.loads(row.expected_participants)]
             missing = [pair for pair in expected if pair not in reported]
@@ -607,7 +688,7 @@ class Ledger:
             .execution_options(synchronize_session=False)
         )
 
-    def finish(self, pipeline: str, number: int) -> Epoch:
+    def complete_commit(self, pipeline: str, number: int) -> Epoch:
         """COMMITTING -> COMMITTED once every participant is COMMITTED; idempotent.
 
         The epoch's staged state snapshots are promoted in the same transaction, so that the source
@@ -624,23 +705,22 @@ class Ledger:
             f"(`onceflow commit {pipeline} {number}`)",
         )
 
-    def begin_abort(self, pipeline: str, number: int, reason: str) -> Epoch:
+    def decide_abort(self, pipeline: str, number: int, reason: str) -> Epoch:
         """PLANNED -> ABORTING; idempotent once aborting; refused once decided (invariant 5)."""
         with self._tx() as s:
             row = self._epoch_row(s, pipeline, number, lock="update")
             status = EpochStatus(row.status)
             if status in (EpochStatus.ABORTING, EpochStatus.ABORTED):
                 return self._to_epoch(s, row)
-            if status is not EpochStatus.PLANNED:
-                raise IllegalTransition(
-                    f"cannot abort {_where(pipeline, number)}: it is {status}; the decision to commit is "
-                    f"durable, so the only outcome is COMMITTED (run `onceflow commit {pipeline} {number}` "
-                    f"or `onceflow recover {pipeline}` to finish it)"
-                )
+            from onceflow.decisions import abort_refusal
+
+            refusal = abort_refusal(self._to_epoch(s, row))
+            if refusal is not None:
+                raise IllegalTransition(refusal)
             self._transition(s, row, EpochStatus.PLANNED, EpochStatus.ABORTING, abort_reason=reason)
             return self._to_epoch(s, row)
 
-    def finish_abort(self, pipeline: str, number: int) -> Epoch:
+    def complete_abort(self, pipeline: str, number: int) -> Epoch:
         """ABORTING -> ABORTED once every participant is ABORTED; staged state is discarded with it."""
         return self._finish(
             pipeline,
@@ -756,38 +836,44 @@ class Ledger:
         and reports its dead letters again). ``after_commit`` also accepts a COMMITTED epoch: an
         at-most-once epoch is committed before its records are read.
         """
-        now = utcnow()
         with self._tx() as s:
             row = self._epoch_row(s, pipeline, number, lock="share")
             self._check_fence(row, attempt_token, f"{len(letters)} dead letters", committed_ok=after_commit)
-            have = {
-                (t, p, o)
-                for t, p, o in s.execute(
-                    select(DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset).where(
-                        DeadLetterRow.pipeline == pipeline, DeadLetterRow.epoch == number
-                    )
-                ).all()
-            }
-            added = 0
-            for d in letters:
-                if (d.topic, d.partition, d.offset) in have:
-                    continue
-                have.add((d.topic, d.partition, d.offset))
-                s.add(
-                    DeadLetterRow(
-                        pipeline=pipeline,
-                        epoch=number,
-                        topic=d.topic,
-                        partition=d.partition,
-                        offset=d.offset,
-                        key=d.key,
-                        reason=d.reason,
-                        value=d.value,
-                        created_at=now,
-                    )
+            return self._add_dead_letters(s, pipeline, number, letters)
+
+    @staticmethod
+    def _add_dead_letters(s: Session, pipeline: str, number: int, letters: Sequence[DeadLetter]) -> int:
+        if not letters:
+            return 0
+        have = {
+            (t, p, o)
+            for t, p, o in s.execute(
+                select(DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset).where(
+                    DeadLetterRow.pipeline == pipeline, DeadLetterRow.epoch == number
                 )
-                added += 1
-            return added
+            ).all()
+        }
+        now = utcnow()
+        added = 0
+        for d in letters:
+            if (d.topic, d.partition, d.offset) in have:
+                continue
+            have.add((d.topic, d.partition, d.offset))
+            s.add(
+                DeadLetterRow(
+                    pipeline=pipeline,
+                    epoch=number,
+                    topic=d.topic,
+                    partition=d.partition,
+                    offset=d.offset,
+                    key=d.key,
+                    reason=d.reason,
+                    value=d.value,
+                    created_at=now,
+                )
+            )
+            added += 1
+        return added
 
     def dead_letters(
         self, pipeline: str, *, epoch: int | None = None, include_uncommitted: bool = False
@@ -818,27 +904,5 @@ class Ledger:
                 for r in s.scalars(stmt).all()
             ]
 
-    # ------------------------------------------------------------------------------------ coordinator
 
-    def commit_epoch(self, pipeline: str, number: int, committers: Mapping[str, SinkCommitter]) -> Epoch:
-        """Decide and commit an epoch through its sinks' committers; see `coordinator.commit_epoch`."""
-        from onceflow.ledger import coordinator
-
-        return coordinator.commit_epoch(self, pipeline, number, committers)
-
-    def abort_epoch(
-        self, pipeline: str, number: int, committers: Mapping[str, SinkCommitter], reason: str
-    ) -> Epoch:
-        """Abort an undecided epoch and roll back its staging; see `coordinator.abort_epoch`."""
-        from onceflow.ledger import coordinator
-
-        return coordinator.abort_epoch(self, pipeline, number, committers, reason)
-
-    def recover(self, pipeline: str, committers: Mapping[str, SinkCommitter]) -> RecoveryReport:
-        """Finish or roll back whatever a crash left behind, then sweep orphans; see `coordinator.recover`."""
-        from onceflow.ledger import coordinator
-
-        return coordinator.recover(self, pipeline, committers)
-
-
-__all__ = ["Ledger", "LedgerError", "staged_location"]
+__all__ = ["Ledger", "LedgerError", "Registration", "staged_location"]

@@ -111,6 +111,7 @@ class EpochRow(Base):
             postgresql_where=text(_OPEN_SQL),
         ),
         Index("ix_epochs_interval", "pipeline", "data_interval_start", "data_interval_end"),
+        Index("ix_epochs_run", "pipeline", "run_id"),
     )
 
     pipeline: Mapped[str] = mapped_column(String(100), primary_key=True)
@@ -126,6 +127,9 @@ class EpochRow(Base):
     decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     abort_reason: Mapped[str | None] = mapped_column(Text)
+    # Who runs the epoch in flight, and until when it counts as alive without a renewal.
+    owner: Mapped[str | None] = mapped_column(Text)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class EpochOffsetRow(Base):

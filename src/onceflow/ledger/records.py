@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from onceflow.committables import Committable
 from onceflow.ledger.models import EpochStatus, ParticipantStatus, SnapshotStatus
 from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
-from onceflow.sinks.base import Committable
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class Epoch:
     decided_at: datetime | None = None
     finished_at: datetime | None = None
     abort_reason: str | None = None
+    owner: str | None = None
+    lease_expires_at: datetime | None = None
 
     @property
     def is_final(self) -> bool:

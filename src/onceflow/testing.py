@@ -9,11 +9,13 @@ JSON file, so that another process (the console script, a racing worker) can use
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from onceflow.sinks.base import Committable
+from onceflow.committables import Committable
+from onceflow.sinks.registry import SinkKind
 
 Key = tuple[str, int, str, str, str]
 
@@ -100,3 +102,21 @@ class RecordingCommitter:
     def orphans(self, pipeline: str) -> list[Committable]:
         self._load()
         return [c for k, c in self.staged.items() if k[0] == pipeline]
+
+
+def _no_writer(config: Mapping[str, Any]) -> Any:
+    raise NotImplementedError(
+        "the recording sink kind only commits: tests stage with RecordingCommitter.stage"
+    )
+
+
+def _recording_committer(config: Mapping[str, Any]) -> RecordingCommitter:
+    """One JSON file per sink under the config's ``dir``, shared by every process of a test."""
+    return RecordingCommitter(path=Path(config["dir"]) / f"{config['name']}.json")
+
+
+# A sink kind over `RecordingCommitter`, for pipeline specs in tests (``kind="onceflow.testing:
+# RECORDING_KIND"``, config ``{"dir": folder}``).
+RECORDING_KIND = SinkKind(
+    name="recording", writer=_no_writer, committer=_recording_committer, guarantee="exactly_once"
+)
