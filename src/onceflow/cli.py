@@ -1,8 +1,9 @@
-"""The ``onceflow`` command: ledger maintenance and the manual operations the invariants allow.
+"""The ``onceflow`` command: run epochs, inspect them, and the manual operations the invariants allow.
 
-Commands read the ledger URL from ``--ledger-url`` or ONCEFLOW_LEDGER_URL. ``recover``, ``commit`` and
-``abort`` need committers for the pipeline's sinks, found through `onceflow.ledger.committers` (set
-ONCEFLOW_COMMITTER_PROVIDER=package.module:callable, or register one in code before calling `main`).
+Commands read the ledger URL from ``--ledger-url`` or ONCEFLOW_LEDGER_URL. ``run``, ``recover``,
+``preview``, ``commit`` and ``abort`` need the pipeline's spec, found by name among the specs listed in
+ONCEFLOW_PIPELINES (``module:attribute,...``). Every one of them goes through the same `Coordinator` as
+the Airflow tasks, so a refusal reads the same whichever door was used.
 
 Exit status: 0 done (also when there was nothing to do), 1 error, 2 bad usage, 3 refused because the
 protocol's invariants forbid it (e.g. aborting an epoch that is already COMMITTING).
@@ -22,9 +23,8 @@ from onceflow.config import Settings
 from onceflow.errors import OnceflowError
 
 if TYPE_CHECKING:
+    from onceflow.coordinator import Coordinator
     from onceflow.ledger import Epoch, Ledger
-    from onceflow.pipeline import Pipeline
-    from onceflow.sinks.base import SinkCommitter
 
 EXIT_ERROR = 1
 EXIT_REFUSED = 3
@@ -53,6 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     recover = sub.add_parser("recover", help="finish or roll back the epoch in flight, sweep orphans")
     recover.add_argument("pipeline")
     recover.add_argument("--json", action="store_true", help="machine-readable output")
+    recover.add_argument(
+        "--force", action="store_true", help="also roll back an undecided epoch whose owner is still alive"
+    )
+
+    run = sub.add_parser("run", help="run epochs without Airflow: recover, plan, process, commit")
+    run.add_argument("pipeline")
+    run.add_argument("--until-caught-up", action="store_true", help="run epochs until nothing new is left")
+    run.add_argument("--max-records-per-partition", type=int, default=None)
+    run.add_argument(
+        "--executor", choices=("spark", "local"), default="spark", help="local: no Spark, no transform"
+    )
 
     preview = sub.add_parser("preview", help="print the next epoch's ranges; changes nothing (a dry run)")
     preview.add_argument("pipeline")
@@ -65,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     abort = sub.add_parser("abort", help="abort an epoch (allowed until it is COMMITTING)")
     abort.add_argument("pipeline")
     abort.add_argument("epoch", type=int)
-    abort.add_argument("--reason", default="aborted by hand with `onceflow abort`")
+    abort.add_argument("--reason", default=None, help="recorded as the abort reason (default: who aborted)")
     return parser
 
 
@@ -193,42 +204,32 @@ def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | N
     return 0
 
 
-def _committers(pipeline: str, sinks: Sequence[str]) -> dict[str, SinkCommitter]:
-    from onceflow.engine.sinks import PIPELINES_ENV, pipeline_committer
-    from onceflow.ledger.committers import ENV_VAR, committer_provider, committers_for
+def _coordinator(ledger: Ledger, pipeline: str, settings: Settings | None) -> Coordinator:
+    from onceflow.catalog import find_pipeline
+    from onceflow.coordinator import Coordinator
 
-    if os.environ.get(PIPELINES_ENV) and not os.environ.get(ENV_VAR):
-        return committers_for(pipeline_committer, pipeline, sinks)
-    return committers_for(committer_provider(), pipeline, sinks)
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    return Coordinator.for_pipeline(find_pipeline(pipeline), ledger, settings or Settings.from_env(), log=say)
 
 
-def _cmd_recover(ledger: Ledger, args: argparse.Namespace) -> int:
-    report = ledger.recover(args.pipeline, _committers(args.pipeline, ledger.sinks(args.pipeline)))
+def _who() -> str:
+    return f"`onceflow` by {os.environ.get('USER') or 'an operator'}"
+
+
+def _cmd_recover(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+    coordinator = _coordinator(ledger, args.pipeline, settings)
+    report = coordinator.recover(by=f"{_who()} (recover{' --force' if args.force else ''})", force=args.force)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
     return 0
 
 
-def _spec(pipeline: str) -> Pipeline:
-    from onceflow.engine.sinks import PIPELINES_ENV
-    from onceflow.errors import ConfigError
-    from onceflow.pipeline import load_pipeline
-
-    paths = [p.strip() for p in os.environ.get(PIPELINES_ENV, "").split(",") if p.strip()]
-    for path in paths:
-        spec = load_pipeline(path)
-        if spec.name == pipeline:
-            return spec
-    raise ConfigError(f"pipeline {pipeline!r} is not among the specs in {PIPELINES_ENV}={','.join(paths)!r}")
-
-
 def _cmd_preview(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
-    from onceflow.engine.steps import describe_slices, preview
+    from onceflow.engine.planning import describe_slices
 
-    plan, slices = preview(
-        _spec(args.pipeline),
-        ledger,
-        settings or Settings.from_env(),
-        max_records_per_partition=args.max_records_per_partition,
+    plan, slices = _coordinator(ledger, args.pipeline, settings).preview(
+        max_records_per_partition=args.max_records_per_partition
     )
     print(
         f"the next epoch of {args.pipeline!r} would read {plan.span} offsets in {len(plan.ranges)} partitions"
@@ -237,17 +238,32 @@ def _cmd_preview(ledger: Ledger, args: argparse.Namespace, settings: Settings | 
     return 0
 
 
-def _cmd_commit(ledger: Ledger, args: argparse.Namespace) -> int:
-    epoch = ledger.epoch(args.pipeline, args.epoch)
-    done = ledger.commit_epoch(args.pipeline, args.epoch, _committers(args.pipeline, epoch.sinks))
+def _cmd_commit(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+    done = _coordinator(ledger, args.pipeline, settings).commit(number=args.epoch)
     print(f"{done}")
     return 0
 
 
-def _cmd_abort(ledger: Ledger, args: argparse.Namespace) -> int:
-    sinks = sorted({p.sink for p in ledger.participants(args.pipeline, args.epoch)})
-    done = ledger.abort_epoch(args.pipeline, args.epoch, _committers(args.pipeline, sinks), args.reason)
+def _cmd_abort(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+    reason = args.reason or f"aborted by hand with {_who()}"
+    done = _coordinator(ledger, args.pipeline, settings).abort(number=args.epoch, reason=reason)
     print(f"{done}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from onceflow.catalog import find_pipeline_path
+    from onceflow.engine.runner import run_until
+
+    path, _ = find_pipeline_path(args.pipeline)
+    run_until(
+        path,
+        settings,
+        until_caught_up=args.until_caught_up,
+        max_records_per_partition=args.max_records_per_partition,
+        executor=args.executor,
+        progress=print,
+    )
     return 0
 
 
@@ -264,18 +280,16 @@ def run(args: argparse.Namespace) -> int:
             ledger.upgrade()
             print(f"ledger at {ledger.url} is at the current schema")
         return 0
+    if args.command == "run":
+        base = settings or Settings.from_env()
+        return _cmd_run(args, Settings(base.home, base.kafka_bootstrap, base.pg_dsn, url, base.lease_s))
     with Ledger.connect(url) as ledger:
         if args.command == "epochs":
             return _cmd_epochs(ledger, args)
         if args.command == "status":
             return _cmd_status(ledger, args, settings)
-        if args.command == "preview":
-            return _cmd_preview(ledger, args, settings)
-        if args.command == "recover":
-            return _cmd_recover(ledger, args)
-        if args.command == "commit":
-            return _cmd_commit(ledger, args)
-        return _cmd_abort(ledger, args)
+        commands = {"preview": _cmd_preview, "recover": _cmd_recover, "commit": _cmd_commit}
+        return commands.get(args.command, _cmd_abort)(ledger, args, settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,6 +25,8 @@ class Settings:
     kafka_bootstrap: str
     pg_dsn: str
     ledger_url: str
+    # How long an epoch's owner counts as alive without renewing its lease (ONCEFLOW_LEASE_S).
+    lease_s: float = 120.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -35,6 +37,7 @@ class Settings:
             kafka_bootstrap=env.get("ONCEFLOW_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
             pg_dsn=env.get("ONCEFLOW_PG_DSN", "postgresql://onceflow:onceflow@127.0.0.1:15432/onceflow"),
             ledger_url=env.get("ONCEFLOW_LEDGER_URL") or f"sqlite:///{home / 'ledger.db'}",
+            lease_s=_seconds(env.get("ONCEFLOW_LEASE_S"), "ONCEFLOW_LEASE_S", 120.0),
         )
         settings.validate()
         return settings
@@ -62,4 +65,17 @@ class Settings:
             "ONCEFLOW_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             "ONCEFLOW_PG_DSN": self.pg_dsn,
             "ONCEFLOW_LEDGER_URL": self.ledger_url,
+            "ONCEFLOW_LEASE_S": f"{self.lease_s:g}",
         }
+
+
+def _seconds(value: str | None, name: str, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise ConfigError(f"{name}={value!r}: expected a positive number of seconds")
+    return seconds

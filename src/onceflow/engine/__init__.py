@@ -1,6 +1,7 @@
-"""The epoch engine: plan an epoch, process a slice in Spark, coordinate the commit.
+"""The epoch engine around the coordinator: planning helpers, the slice driver and the runner.
 
-`planning` runs in the orchestrator before any processing, `slice_job` is the Spark driver of one slice,
-`task_io` holds what its executors run, and `runner` chains the steps without Airflow (the DAG factory
-runs the same functions as tasks).
+`planning` computes slices, participants and plan-time checks; `slice_job` is the driver of one slice
+(Spark, or `local_slice` in-process), which runs the executor package's tasks and registers their
+committables through the coordinator; `submit` builds the spark-submit command line; `runner` chains
+the steps without Airflow (``onceflow run``).
 """

@@ -1,26 +1,29 @@
 """Run one slice in this process, without Spark, for pipelines that need no DataFrame work.
 
 A pipeline without transform and without state sends its decoded records straight to its sinks. For
-it, the Spark job's steps (check the epoch, read the exact ranges, decode, dead-letter, stage each task
-in every sink, pre-commit, judge) run here task by task, with the very functions Spark executors run.
-Starting a JVM costs more than that work for small epochs: this executor serves small replication
-pipelines, the fault-injection harness that runs hundreds of epochs, and measurements of the protocol's
-own cost. Each task is one attempt; a crash leaves its staging to the sweeper, as in Spark.
+it, the Spark job's steps (check the epoch, read the exact ranges, decode, stage each task in every sink,
+pre-commit the slice) run here task by task, with the very functions Spark executors run and the same
+driver-side pre-commit. Starting a JVM costs more than that work for small epochs: this executor serves
+small replication pipelines, the fault-injection harness that runs hundreds of epochs, and measurements
+of the protocol's own cost. Each task is one attempt; a crash leaves its staging to the sweeper.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from contextlib import ExitStack
 from typing import Any
 
 from onceflow.config import Settings
-from onceflow.engine.slice_job import SliceFailed, judge, sink_columns, slice_tasks
-from onceflow.engine.task_io import TaskResult, read_tasks, write_task
+from onceflow.coordinator import Coordinator
+from onceflow.engine.slice_job import SliceFailed, open_slice, precommit_slice, sink_columns
 from onceflow.errors import ConfigError
-from onceflow.faults import crash_point
+from onceflow.executor.reading import read_task, split
+from onceflow.executor.writing import TaskReport, write_task
+from onceflow.ledger import Ledger
 from onceflow.pipeline import Pipeline, SinkSpec
-from onceflow.records import row_columns
+from onceflow.records import DeadLetter, row_columns
 
 
 def check_local(spec: Pipeline) -> None:
@@ -47,13 +50,19 @@ def run_slice_local(
 ) -> dict[str, Any]:
     """The local counterpart of `slice_job.run_slice`, with the same summary and failures."""
     check_local(spec)
-    ref, tasks = slice_tasks(spec, epoch_number, slice_number, attempt_token, settings)
-    names = [name for name, _, _ in row_columns(spec.format)]
-    attempt = f"local-{uuid.uuid4().hex[:12]}"
-    results: list[TaskResult] = []
-    for task in tasks:
-        rows = [dict(zip(names, values, strict=True)) for values in read_tasks(ref, [task])]
-        for sink in spec.sinks:
-            results.append(write_task(ref, sink, task.task_id, attempt, iter(_project(sink, rows))))
-    crash_point("slice_after_precommits")
-    return judge(slice_number, len(tasks), results)
+    with ExitStack() as stack:
+        ledger = stack.enter_context(Ledger.connect(settings.ledger_url))
+        coordinator = Coordinator.for_pipeline(spec, ledger, settings)
+        epoch, ref, tasks = open_slice(coordinator, epoch_number, slice_number, attempt_token)
+        names = [name for name, _, _ in row_columns(spec.format)]
+        attempt = f"local-{uuid.uuid4().hex[:12]}"
+        reports: list[TaskReport] = []
+        dead: list[DeadLetter] = []
+        for task in tasks:
+            values, rejected = split(read_task(ref, task))
+            dead += rejected
+            rows = [dict(zip(names, row, strict=True)) for row in values]
+            for sink in spec.sinks:
+                reports.append(write_task(ref, sink, task.task_id, attempt, iter(_project(sink, rows))))
+        task_ids = [t.task_id for t in tasks]
+        return precommit_slice(coordinator, slice_number, epoch, attempt_token, reports, dead, task_ids)

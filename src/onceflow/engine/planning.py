@@ -1,50 +1,31 @@
-"""Plan step: decide epoch n's exact input and participants, and write them to the ledger first.
+"""What the plan step computes: slices and read tasks, participants, and the checks made before planning.
 
-Like Spark's offset log, the plan is durable before anything runs, so a crash anywhere after it is
-recovered by reading the ledger: the same ranges are either committed once or replayed by a later epoch.
+Pure functions of the spec and the ranges (so every process agrees on the same slices and tasks), plus
+the plan-time checks that refuse a spec whose sinks would certainly fail or weaken its guarantee later.
+The coordinator (`onceflow.coordinator.Coordinator.plan`) runs them and writes the plan to the ledger.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
-
 from onceflow.config import Settings
-from onceflow.engine.sinks import sink_config
 from onceflow.errors import ConfigError
-from onceflow.faults import crash_point
 from onceflow.ledger import Epoch, EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
-from onceflow.pipeline import STATE_SINK, Pipeline
-from onceflow.sources.kafka_metadata import KafkaMetadata
+from onceflow.pipeline import STATE_SINK, Pipeline, SinkSpec
+from onceflow.sinks.registry import sink_kind
 from onceflow.sources.kafka_planning import EpochPlan, SlicePlan, assign_slices
-
-
-@dataclass(frozen=True)
-class PlannedEpoch:
-    epoch: Epoch
-    plan: EpochPlan
-    slices: tuple[SlicePlan, ...]
-
-    def describe(self) -> list[str]:
-        """Human-readable lines: the epoch and each slice's ranges and read tasks."""
-        lines = [
-            f"epoch {self.epoch.number} of {self.epoch.pipeline!r}: {self.plan.span} offsets in "
-            f"{len(self.plan.ranges)} partitions, {len(self.epoch.expected)} participants"
-        ]
-        for s in self.slices:
-            ranges = ", ".join(str(r) for r in s.ranges) or "no partitions"
-            lines.append(f"  slice {s.slice}: {ranges}; {len(s.tasks)} read tasks")
-        if self.plan.skipped:
-            lines.append(f"  skipped (deleted by retention): {', '.join(str(s) for s in self.plan.skipped)}")
-        if self.plan.backlog:
-            lines.append(f"  left for later epochs: {self.plan.backlog} offsets")
-        return lines
+from onceflow.state.store import state_sink
 
 
 def slices_of(spec: Pipeline, ranges: tuple[OffsetRange, ...]) -> tuple[SlicePlan, ...]:
     """Slices and read tasks of an epoch; a pure function of its ranges, so every process agrees."""
     return assign_slices(ranges, spec.slices, spec.max_records_per_task)
+
+
+def participant_sinks(spec: Pipeline, settings: Settings | None = None) -> tuple[SinkSpec, ...]:
+    """The user's sinks plus, for a stateful pipeline, the internal sink of its state snapshot."""
+    state = state_sink(spec, settings)
+    return spec.sinks if state is None else (*spec.sinks, state)
 
 
 def expected_participants(spec: Pipeline, slices: tuple[SlicePlan, ...]) -> list[tuple[str, str]]:
@@ -55,27 +36,17 @@ def expected_participants(spec: Pipeline, slices: tuple[SlicePlan, ...]) -> list
     return [(name, task.task_id) for s in slices for task in s.tasks for name in names]
 
 
-def check_timeouts(spec: Pipeline) -> None:
-    """Refuse sink-side timeouts shorter than the pipeline's transaction timeout.
-
-    If Kafka aborts a transaction while the epoch is still allowed to commit, the commit finds nothing to
-    commit: that gap is how long outages turn into lost data. Staged files and prepared PostgreSQL
-    transactions have no timeout of their own: only the sweeper removes them, and only for final epochs.
-    """
-    from onceflow.sinks.kafka import KafkaSinkConfig, check_transaction_timeout
-
-    for sink in spec.sinks:
-        if sink.kind == "kafka":
-            try:
-                check_transaction_timeout(
-                    KafkaSinkConfig.from_mapping(sink_config(sink)), spec.transaction_timeout_s * 1000
-                )
-            except ConfigError as exc:
-                raise ConfigError(
-                    f"sink {sink.name!r}: {exc}; Kafka would abort a staged epoch that the pipeline may "
-                    "still commit. Raise transaction_timeout_ms (up to the broker's "
-                    "transaction.max.timeout.ms) or lower the pipeline's transaction_timeout_s"
-                ) from exc
+def describe_slices(plan: EpochPlan, slices: tuple[SlicePlan, ...]) -> list[str]:
+    """One line per slice (its read tasks and ranges), then what was skipped or left for later."""
+    lines = []
+    for s in slices:
+        ranges = ", ".join(str(r) for r in s.ranges if not r.is_empty) or "nothing to read"
+        lines.append(f"  slice {s.slice}: {len(s.tasks)} read tasks; {ranges}")
+    if plan.skipped:
+        lines.append(f"  skipped (deleted by retention): {', '.join(str(s) for s in plan.skipped)}")
+    if plan.backlog:
+        lines.append(f"  left for later epochs: {plan.backlog} offsets")
+    return lines
 
 
 def check_guarantee(spec: Pipeline) -> None:
@@ -86,8 +57,6 @@ def check_guarantee(spec: Pipeline) -> None:
     ``at_most_once`` commits the offsets before processing, so its sinks must write directly: a staged
     sink would wait for a commit that has already happened.
     """
-    from onceflow.sinks.registry import sink_kind
-
     if spec.commits_before_processing:
         staged = [s.name for s in spec.sinks if not sink_kind(s.kind).direct]
         if staged:
@@ -106,87 +75,18 @@ def check_guarantee(spec: Pipeline) -> None:
             )
 
 
-def check_kafka_groups(spec: Pipeline) -> None:
-    """Refuse two Kafka sinks of one pipeline that commit input offsets to the same consumer group.
-
-    A Kafka sink's group position is its "already published" marker: sharing one, the second sink would
-    find the position the first one committed, take its own epoch for published and drop it.
-    """
-    from onceflow.sinks.kafka import KafkaSinkConfig
-
-    seen: dict[str, str] = {}
-    for sink in spec.sinks:
-        if sink.kind != "kafka":
-            continue
-        group = KafkaSinkConfig.from_mapping(sink_config(sink)).group_for(spec.name)
-        if group in seen:
-            raise ConfigError(
-                f"sinks {seen[group]!r} and {sink.name!r} both commit input offsets to consumer group "
-                f"{group!r}; that position marks an epoch as published, so each Kafka sink needs its own: "
-                "set a distinct group_id in their configs"
-            )
-        seen[group] = sink.name
-
-
-def plan_epoch(
-    spec: Pipeline,
-    ledger: Ledger,
-    settings: Settings,
-    *,
-    run_id: str | None = None,
-    data_interval: tuple[datetime, datetime] | None = None,
-    max_records_per_partition: int | None = None,
-) -> PlannedEpoch:
-    """Plan the next epoch: Kafka positions -> ranges -> slices and tasks -> the ledger (durable)."""
+def run_plan_checks(spec: Pipeline, settings: Settings | None = None) -> None:
+    """Every check made before an epoch is planned: the guarantee, then each sink kind's own checks
+    (given all the pipeline's sinks of that kind and the parallel tasks of one epoch)."""
     check_guarantee(spec)
-    check_timeouts(spec)
-    check_kafka_groups(spec)
-    committed = ledger.committed_offsets(spec.name)
-    limit = max_records_per_partition or spec.max_records_per_partition
-    interval_end_ms = int(data_interval[1].timestamp() * 1000) if data_interval else None
-    with KafkaMetadata(settings.kafka_bootstrap) as metadata:
-        plan = metadata.plan(
-            spec.source, committed, max_records_per_partition=limit, interval_end_ms=interval_end_ms
-        )
-    return _record(spec, ledger, plan, run_id, data_interval, None)
-
-
-def _record(
-    spec: Pipeline,
-    ledger: Ledger,
-    plan: EpochPlan,
-    run_id: str | None,
-    data_interval: tuple[datetime, datetime] | None,
-    replaces: int | None,
-) -> PlannedEpoch:
-    """Write the plan, with its slices' participants, to the ledger: from here on it is durable."""
-    slices = slices_of(spec, plan.ranges)
-    epoch = ledger.plan_epoch(
-        spec.name,
-        plan.ranges,
-        expected_participants(spec, slices),
-        run_id=run_id,
-        data_interval=data_interval,
-        replaces=replaces,
-    )
-    if spec.commits_before_processing:
-        epoch = ledger.commit_epoch(spec.name, epoch.number, {})  # at_most_once: the position moves now
-    crash_point("after_plan")
-    return PlannedEpoch(epoch, plan, slices)
-
-
-def plan_replacement(
-    spec: Pipeline, ledger: Ledger, replaced: Epoch, *, run_id: str | None = None
-) -> PlannedEpoch:
-    """Plan a re-run of a committed interval's epoch over exactly its ranges (``on_rerun="replace"``).
-
-    Its sinks replace the replaced epoch's output when it commits (see `replaced_epochs`).
-    """
-    if spec.on_rerun != "replace":
-        raise ConfigError(f"pipeline {spec.name!r} does not replace intervals (on_rerun={spec.on_rerun!r})")
-    assert replaced.data_interval_start is not None and replaced.data_interval_end is not None
-    interval = (replaced.data_interval_start, replaced.data_interval_end)
-    return _record(spec, ledger, EpochPlan(replaced.ranges), run_id, interval, replaced.number)
+    parallel = max(spec.slices, 1)
+    by_kind: dict[str, list[SinkSpec]] = {}
+    for sink in spec.sinks:
+        by_kind.setdefault(sink.kind, []).append(sink)
+    for kind, sinks in sorted(by_kind.items()):
+        sink_kind(kind).plan_checks(spec, sinks, parallel)
+    if spec.transform is not None:
+        spec.load_transform()  # a transform that cannot be imported fails now, not inside Spark
 
 
 def replaced_epochs(spec: Pipeline, ledger: Ledger, epoch: Epoch) -> tuple[int, ...]:

@@ -1,73 +1,94 @@
-"""Run whole epochs without Airflow: the same steps the DAG runs as tasks, chained in one process.
+"""Run epochs without Airflow (``onceflow run``): the DAG's steps chained in one process.
 
-Used by tests, benchmarks and `onceflow run`; each step is the function the corresponding DAG task calls.
+The same `Coordinator` steps the DAG's tasks call; the runner owns each epoch it plans and keeps the
+owner's lease alive while its slices run, so a concurrent runner waits for it and ``onceflow recover``
+never rolls it back.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import re
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Literal, TypeAlias
 
 from onceflow.config import Settings
-from onceflow.engine import slice_job, steps
+from onceflow.coordinator import Coordinator, EpochOwned, PlanResult, RecoveryReport, owner_of_this_process
 from onceflow.engine.local_slice import check_local, run_slice_local
+from onceflow.engine.submit import submit_slice
 from onceflow.errors import OnceflowError
-from onceflow.ledger import Epoch, Ledger, RecoveryReport
-from onceflow.local_airflow import spark_environment
+from onceflow.ledger import Epoch, Ledger
 from onceflow.pipeline import Pipeline, load_pipeline
 
 Executor: TypeAlias = Literal["spark", "local"]
+Log = Callable[[str], None]
+# How a Python exception ends a traceback: "ValueError: boom", "pkg.module.SliceFailed: why".
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Failed|Refused): .+")
 
 
 class ProcessFailed(OnceflowError):
-    """A slice's Spark job failed; the epoch was aborted and its ranges will be replayed."""
+    """A slice failed; the epoch was aborted and its ranges will be replayed."""
 
 
 @dataclass(frozen=True)
 class EpochOutcome:
-    planned: steps.PlanResult
+    planned: PlanResult
     epoch: Epoch
     recovery: RecoveryReport
+    seconds: float = 0.0
 
 
-def spark_application() -> str:
-    """The spark-submit entry point: ONCEFLOW_SPARK_JOBS/onceflow_process.py, or the module itself."""
-    jobs = os.environ.get("ONCEFLOW_SPARK_JOBS")
-    if jobs and (Path(jobs) / "onceflow_process.py").is_file():
-        return str(Path(jobs) / "onceflow_process.py")
-    return str(Path(slice_job.__file__))
+def _quiet(_: str) -> None:
+    return None
 
 
-def spark_master() -> str:
-    """ONCEFLOW_SPARK_MASTER, else local[2]; ``local[N,F]`` lets Spark retry a failed task F-1 times."""
-    return os.environ.get("ONCEFLOW_SPARK_MASTER") or "local[2]"
+def failure_cause(stderr: str, limit: int = 1500) -> str:
+    """The first exception a failed slice job printed (the transform's or a sink's), else its tail.
+
+    Spark prints its shutdown lines after the Python traceback, so the tail alone hides the cause.
+    """
+    for line in stderr.splitlines():
+        text = line.strip()
+        if text.startswith("[onceflow process] failed:"):
+            return text.removeprefix("[onceflow process] ")[:limit]
+    for line in stderr.splitlines():
+        text = line.strip()
+        if _EXCEPTION_LINE.match(text) and not text.startswith(("py4j.", "org.apache")):
+            return text[:limit]
+    return stderr.strip()[-limit:]
 
 
-def submit_slice(
-    pipeline_path: str, epoch: Epoch, slice_number: int, settings: Settings, *, master: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """spark-submit one slice of an epoch and wait for it."""
-    master = master or spark_master()
-    command = [
-        "spark-submit",
-        "--master", master,
-        "--conf", "spark.ui.enabled=false",
-        "--conf", "spark.sql.shuffle.partitions=4",
-        spark_application(),
-        "--pipeline", pipeline_path,
-        "--epoch", str(epoch.number),
-        "--slice", str(slice_number),
-        "--attempt-token", epoch.attempt_token,
-    ]  # fmt: skip
-    env = spark_environment(settings)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
-    return subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+def _plan_when_free(
+    coordinator: Coordinator,
+    *,
+    run_id: str,
+    data_interval: tuple[datetime, datetime] | None,
+    max_records_per_partition: int | None,
+    wait_s: float,
+    log: Log,
+) -> PlanResult:
+    """Plan, waiting while another live runner owns the epoch in flight (at most ``wait_s``)."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return coordinator.plan(
+                run_id=run_id,
+                owner=owner_of_this_process(run_id),
+                data_interval=data_interval,
+                max_records_per_partition=max_records_per_partition,
+            )
+        except EpochOwned as owned:
+            if time.monotonic() >= deadline:
+                raise
+            if not said:
+                log(str(owned))
+                said = True
+            time.sleep(0.5)
+            coordinator.recover(by=f"runner {run_id}")  # finishes it if its owner died meanwhile
 
 
 def run_epoch(
@@ -78,44 +99,92 @@ def run_epoch(
     max_records_per_partition: int | None = None,
     run_id: str | None = None,
     executor: Executor = "spark",
+    wait_s: float | None = None,
+    log: Log = _quiet,
 ) -> EpochOutcome:
     """recover -> plan -> process every slice -> commit (or abort when a slice fails).
 
-    The same `steps` as the DAG's tasks; ``run_id`` names the run in the ledger (a fresh one by default).
-    ``executor="local"`` runs each slice in this process without Spark (`local_slice`), for pipelines
-    without transform and state.
+    1. Recover: finish or roll back what a crashed owner left (a live owner's epoch is kept).
+    2. Plan this run's epoch, waiting for a live owner's epoch to finish first.
+    3. Process each slice with a task (spark-submit, or ``executor="local"`` in this process for
+       pipelines without transform and state), keeping the lease alive meanwhile.
+    4. Commit, or abort with the first slice failure's cause as the reason.
     """
     settings = settings or Settings.from_env()
     spec: Pipeline = load_pipeline(pipeline_path)
     if executor == "local":
         check_local(spec)
     run_id = run_id or f"runner__{uuid.uuid4().hex}"
-    recovery = steps.recover(spec, settings)
-    planned = steps.plan(
-        spec,
-        settings,
-        run_id=run_id,
-        data_interval=data_interval,
-        max_records_per_partition=max_records_per_partition,
-    )
+    started = time.monotonic()
     with Ledger.connect(settings.ledger_url) as ledger:
+        coordinator = Coordinator.for_pipeline(spec, ledger, settings, log=log)
+        # 1.
+        recovery = coordinator.recover(by=f"runner {run_id}")
+        # 2.
+        planned = _plan_when_free(
+            coordinator,
+            run_id=run_id,
+            data_interval=data_interval,
+            max_records_per_partition=max_records_per_partition,
+            wait_s=settings.lease_s * 2 if wait_s is None else wait_s,
+            log=log,
+        )
         epoch = ledger.epoch(spec.name, planned.epoch) if planned.epoch is not None else None
-    if epoch is None or planned.status != "planned":
-        raise ProcessFailed(f"nothing was planned for {spec.name!r}: " + "; ".join(planned.lines))
-    failures = []
-    for slice_number in planned.slices_with_tasks:
-        if executor == "local":
-            try:
-                run_slice_local(spec, epoch.number, slice_number, epoch.attempt_token, settings)
-            except OnceflowError as exc:
-                failures.append(f"slice {slice_number} failed: {exc}")
-            continue
-        result = submit_slice(pipeline_path, epoch, slice_number, settings)
-        if result.returncode != 0:
-            failures.append(f"slice {slice_number} exited {result.returncode}: {result.stderr[-3000:]}")
-    if failures:
-        steps.abort(spec, settings, epoch=epoch.number, reason="; ".join(failures)[:2000])
-        raise ProcessFailed(f"{epoch} aborted: " + "\n".join(failures))
-    done = steps.commit(spec, settings, epoch=epoch.number)
+        if epoch is None or planned.status != "planned":
+            raise ProcessFailed(f"nothing was planned for {spec.name!r}: " + "; ".join(planned.lines))
+        # 3.
+        failures = []
+        with coordinator.lease_kept(epoch.number):
+            for slice_number in planned.slices_with_tasks:
+                if executor == "local":
+                    try:
+                        run_slice_local(spec, epoch.number, slice_number, epoch.attempt_token, settings)
+                    except OnceflowError as exc:
+                        failures.append(f"slice {slice_number} failed: {exc}")
+                    continue
+                result = submit_slice(
+                    pipeline_path, epoch.number, slice_number, epoch.attempt_token, settings
+                )
+                if result.returncode != 0:
+                    cause = failure_cause(result.stderr)
+                    failures.append(f"slice {slice_number} exited {result.returncode}: {cause}")
+        # 4.
+        if failures:
+            reason = f"process failed (run {run_id}): " + "; ".join(failures)
+            coordinator.abort(number=epoch.number, reason=reason[:2000])
+            raise ProcessFailed(f"{epoch} aborted: " + "\n".join(failures))
+        done = coordinator.commit(number=epoch.number)
     assert done is not None
-    return EpochOutcome(planned, done, recovery)
+    return EpochOutcome(planned, done, recovery, time.monotonic() - started)
+
+
+def run_until(
+    pipeline_path: str,
+    settings: Settings | None = None,
+    *,
+    until_caught_up: bool = False,
+    max_records_per_partition: int | None = None,
+    executor: Executor = "spark",
+    log: Log = _quiet,
+    progress: Log = _quiet,
+) -> list[EpochOutcome]:
+    """One epoch, or epochs until one finds nothing new (``until_caught_up``), with a progress line
+    per epoch: records, rate and the offsets left for later epochs."""
+    outcomes = []
+    while True:
+        outcome = run_epoch(
+            pipeline_path,
+            settings,
+            max_records_per_partition=max_records_per_partition,
+            executor=executor,
+            log=log,
+        )
+        outcomes.append(outcome)
+        records = outcome.planned.span
+        rate = records / outcome.seconds if outcome.seconds > 0 else 0.0
+        progress(
+            f"{outcome.epoch}: {records} offsets in {outcome.seconds:.1f} s ({rate:,.0f}/s), "
+            f"{outcome.planned.backlog} left"
+        )
+        if not until_caught_up or records == 0 or outcome.planned.backlog == 0:
+            return outcomes

@@ -1,72 +1,72 @@
-"""The Spark driver of one slice of one epoch (what `spark_jobs/onceflow_process.py` runs).
+"""The driver of one slice of one epoch (what `spark_jobs/onceflow_process.py` runs).
 
 Steps:
-1. Read the epoch from the ledger; do nothing unless it is PLANNED with the given attempt token (a
-   retried or late job must not touch an epoch that has moved on).
+1. Open the ledger once (the slice's only connection: tasks never touch it) and check that the epoch is
+   still PLANNED under this job's attempt token (a retried or late job must not touch an epoch that has
+   moved on); keep the owner's lease alive while the slice runs.
 2. Recompute the slice's read tasks from the epoch's ranges (a pure function, so all processes agree).
-3. Executors read exactly those ranges and decode them; bad records go to the ledger as dead letters.
+3. Executors read exactly those ranges and decode them; rows and dead letters come back apart.
 4. Apply the pipeline's transform (DataFrame in, DataFrame or {sink: DataFrame} out); a stateful
    pipeline then folds the output into the last committed state (`onceflow.state.fold`), and its sinks
    receive the new value of every key the epoch touched.
-5. For each sink, and the state snapshot, write one output partition per read task; each task stages
-   its output and reports its pre-commit to the ledger, which accepts one attempt per (sink, task).
-6. Fail (non-zero exit) when any task was refused for a reason other than losing to another attempt,
-   so that the orchestrator aborts the epoch.
+5. For each sink, and the state snapshot, write one output partition per read task: each task stages
+   its output, pre-commits and returns its committable to this driver.
+6. Pre-commit the slice: register every committable and dead letter in one ledger transaction, which
+   accepts one attempt per (sink, task); roll back the attempts that lost or never reported. A refusal
+   (the epoch was aborted or re-planned) rolls back the whole slice and fails the job, so that the
+   orchestrator aborts the epoch.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 from onceflow.config import Settings
-from onceflow.engine.arrow_rows import arrow_schema, batch_rows, row_batches
-from onceflow.engine.planning import replaced_epochs, slices_of
-from onceflow.engine.task_io import LOST_TO_ANOTHER_ATTEMPT, EpochRef, TaskResult, read_tasks, write_task
+from onceflow.coordinator import Coordinator
+from onceflow.engine.planning import slices_of
 from onceflow.errors import ConfigError, OnceflowError
+from onceflow.executor.arrow_rows import arrow_schema, batch_rows, row_batches
+from onceflow.executor.reading import read_task
+from onceflow.executor.slices import SliceRef
+from onceflow.executor.writing import TaskReport, write_task
 from onceflow.faults import crash_point
-from onceflow.ledger import EpochStatus, Ledger
+from onceflow.ledger import Epoch, EpochStatus, IllegalTransition, Ledger, PrecommitRefused
 from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
-from onceflow.records import spark_schema
+from onceflow.records import DeadLetter, spark_schema
+from onceflow.sinks.registry import sink_kind
 from onceflow.sources.kafka_planning import ReadTask
 from onceflow.state.store import committed_state_files, state_sink
 
+# The column that carries a rejected record from a read task to the driver (null on every good row).
+DEAD_LETTER_COLUMN = "_onceflow_dead_letter"
+
 
 class SliceFailed(OnceflowError):
-    """Some task of the slice was refused by the ledger; the epoch must be aborted and replayed."""
+    """The slice could not be pre-committed; the epoch must be aborted and replayed."""
+
+
+def log(message: str) -> None:
+    print(f"[onceflow process] {message}", file=sys.stderr, flush=True)
 
 
 def sink_columns(sink: SinkSpec) -> list[str] | None:
-    """The columns a sink accepts, when its configuration names them (rows must match exactly)."""
-    if sink.kind == "kafka":
-        return None if sink.config.get("value_format") == "json" else ["key", "value"]
-    columns = sink.config.get("columns")
-    if isinstance(columns, Mapping):
-        return list(columns)
-    if isinstance(columns, list):
-        return [c[0] if isinstance(c, list | tuple) else str(c) for c in columns]
-    return None
+    """The columns a sink accepts, in order, when its kind or configuration names them."""
+    return sink_kind(sink.kind).columns(sink.config)
 
 
-def _log(message: str) -> None:
-    print(f"[onceflow slice] {message}", file=sys.stderr, flush=True)
-
-
-def slice_tasks(
-    spec: Pipeline, epoch_number: int, slice_number: int, attempt_token: str, settings: Settings
-) -> tuple[EpochRef, list[ReadTask]]:
+def open_slice(
+    coordinator: Coordinator, epoch_number: int, slice_number: int, attempt_token: str
+) -> tuple[Epoch, SliceRef, list[ReadTask]]:
     """Steps 1 and 2, shared by the Spark job and the local executor: check the epoch, list the tasks."""
+    spec, settings = coordinator.spec, coordinator.settings
+    assert spec is not None and settings is not None
     # 1. The epoch must still be PLANNED under this token.
-    ledger = Ledger.connect(settings.ledger_url)
-    try:
-        epoch = ledger.epoch(spec.name, epoch_number)
-        replaces = replaced_epochs(spec, ledger, epoch)
-    finally:
-        ledger.close()
+    epoch = coordinator.ledger.epoch(spec.name, epoch_number)
     runnable = epoch.status == EpochStatus.PLANNED or (
         spec.commits_before_processing and epoch.status == EpochStatus.COMMITTED
     )
@@ -78,48 +78,87 @@ def slice_tasks(
         )
     # 2. The slice's read tasks.
     plan = slices_of(spec, epoch.ranges)[slice_number]
-    _log(f"{epoch}: slice {slice_number} has {len(plan.tasks)} read tasks over {len(plan.ranges)} partitions")
-    ref = EpochRef(
+    log(f"{epoch}: slice {slice_number} has {len(plan.tasks)} read tasks over {len(plan.ranges)} partitions")
+    ref = SliceRef(
         pipeline=spec,
         epoch=epoch_number,
-        attempt_token=attempt_token,
         slice=slice_number,
         slice_ranges=plan.ranges,
         bootstrap=settings.kafka_bootstrap,
-        ledger_url=settings.ledger_url,
-        replaces=replaces,
+        replaces=coordinator.replaced_epochs(epoch),
+        settings=settings,
     )
-    return ref, list(plan.tasks)
+    return epoch, ref, list(plan.tasks)
 
 
-def judge(slice_number: int, tasks: int, results: list[TaskResult]) -> dict[str, Any]:
-    """Step 6: log each task's outcome; raise `SliceFailed` if any task was refused."""
-    refused = [r for r in results if not r.accepted and r.reason != LOST_TO_ANOTHER_ATTEMPT]
-    for r in results:
-        _log(
+def precommit_slice(
+    coordinator: Coordinator,
+    slice_number: int,
+    epoch: Epoch,
+    attempt_token: str,
+    reports: Sequence[TaskReport],
+    dead_letters: Sequence[DeadLetter],
+    task_ids: Sequence[str],
+) -> dict[str, Any]:
+    """Step 6, shared by the Spark job and the local executor; returns the slice's summary."""
+    crash_point("slice_after_tasks")
+    try:
+        done = coordinator.register_slice(
+            epoch,
+            attempt_token,
+            [r.to_committable() for r in reports],
+            dead_letters,
+            tasks=task_ids,
+        )
+    except (PrecommitRefused, IllegalTransition) as refused:
+        raise SliceFailed(f"the slice's pre-commits were refused and rolled back: {refused}") from refused
+    crash_point("slice_after_precommits")
+    lost = {(c.sink, c.task, c.attempt) for c in done.lost}
+    results = []
+    for r in reports:
+        accepted = (r.sink, r.task, r.attempt) not in lost
+        log(
             f"sink {r.sink} task {r.task}: {r.records} records, "
-            + ("pre-committed" if r.accepted else f"not accepted ({r.reason})")
+            + ("pre-committed" if accepted else "rolled back (another attempt won)")
         )
-    if refused:
-        raise SliceFailed(
-            f"{len(refused)} tasks of slice {slice_number} were refused by the ledger: "
-            + "; ".join(f"{r.sink}/{r.task}: {r.reason}" for r in refused)
-        )
-    return {"slice": slice_number, "tasks": tasks, "results": [r.__dict__ for r in results]}
+        results.append({**r.__dict__, "accepted": accepted})
+    if dead_letters:
+        log(f"{len(dead_letters)} dead letters recorded ({done.dead_letters_added} new)")
+    return {
+        "slice": slice_number,
+        "tasks": len(task_ids),
+        "results": [{k: v for k, v in r.items() if k != "committable"} for r in results],
+        "dead_letters": len(dead_letters),
+    }
 
 
 def run_slice(
     spec: Pipeline, epoch_number: int, slice_number: int, attempt_token: str, settings: Settings
 ) -> dict[str, Any]:
-    """Process one slice; returns a summary (records read, written per sink, dead letters, refusals)."""
-    from pyspark.sql import SparkSession
+    """Process one slice on Spark; returns a summary (records written per sink, dead letters)."""
+    with ExitStack() as stack:
+        ledger = stack.enter_context(Ledger.connect(settings.ledger_url))
+        coordinator = Coordinator.for_pipeline(spec, ledger, settings, log=log)
+        epoch, ref, tasks = open_slice(coordinator, epoch_number, slice_number, attempt_token)
+        if not tasks:
+            return {"slice": slice_number, "tasks": 0, "results": []}
+        stack.enter_context(coordinator.lease_kept(epoch.number))
+        reports, dead = _process_on_spark(spec, settings, ref, tasks)
+        task_ids = [t.task_id for t in tasks]
+        return precommit_slice(coordinator, slice_number, epoch, attempt_token, reports, dead, task_ids)
 
-    ref, tasks = slice_tasks(spec, epoch_number, slice_number, attempt_token, settings)
-    if not tasks:
-        return {"slice": slice_number, "tasks": 0, "results": []}
+
+def _process_on_spark(
+    spec: Pipeline, settings: Settings, ref: SliceRef, tasks: list[ReadTask]
+) -> tuple[list[TaskReport], list[DeadLetter]]:
+    """Steps 3 to 5 on Spark: read, transform, write; the committables and dead letters come back."""
+    from pyspark import StorageLevel
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
     spark = (
-        SparkSession.builder.appName(f"onceflow-{spec.name}-e{epoch_number}-s{slice_number}")
+        SparkSession.builder.appName(f"onceflow-{spec.name}-e{ref.epoch}-s{ref.slice}")
         # Output partitions are participants: their number is fixed when the query is planned. Adaptive
         # execution changes it at run time (coalescing, local shuffle readers after a join turns into a
         # broadcast, skew splits), so a partition could have no participant: it is off in slice jobs.
@@ -128,33 +167,49 @@ def run_slice(
     )
     try:
         # 3. Exact reads, decoded on the executors: Spark task i reads read task i, and its rows cross
-        # to the JVM as Arrow batches.
-        schema = spark_schema(spec.format)
-        batch_schema = arrow_schema(schema)
+        # to the JVM as Arrow batches; a rejected record travels in the dead-letter column.
+        rows_schema = spark_schema(spec.format)
+        raw_schema = T.StructType(
+            [T.StructField(f.name, f.dataType, True) for f in rows_schema.fields]
+            + [T.StructField(DEAD_LETTER_COLUMN, T.StringType(), True)]
+        )
+        batch_schema = arrow_schema(raw_schema)
+        width = len(rows_schema.fields)
 
         def read(batches: Iterable[Any]) -> Iterator[Any]:
             for batch in batches:
                 for index in batch.column(0).to_pylist():
-                    yield from row_batches(read_tasks(ref, [tasks[index]]), batch_schema)
+                    items = read_task(ref, tasks[index])
+                    yield from row_batches(_with_dead_letters(items, width), batch_schema)
 
-        frame = spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read, schema)
+        raw = spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read, raw_schema)
+        # Dead letters are collected first and the rows written after: keep the read so Kafka is read once.
+        raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
+        dead_column = F.col(DEAD_LETTER_COLUMN)
+        dead = [
+            DeadLetter.from_json(r[0])
+            for r in raw.where(dead_column.isNotNull()).select(dead_column).collect()
+        ]
+        frame = raw.where(dead_column.isNull()).drop(DEAD_LETTER_COLUMN)
 
         # 4. The transform, then the fold into keyed state.
         output = spec.load_transform()(frame)
         writes = _outputs(spark, spec, settings, output)
-        if len(writes) > 1:
-            frame.persist()  # each write is a Spark action: read Kafka once, not once per sink
 
         # 5. One output partition per read task, for each sink and the state snapshot.
-        results: list[TaskResult] = []
+        reports: list[TaskReport] = []
         for sink, frame_out in writes:
-            results += _write_sink(ref, sink, frame_out, [t.task_id for t in tasks])
+            reports += _write_sink(ref, sink, frame_out, [t.task_id for t in tasks])
+        raw.unpersist()
     finally:
         spark.stop()
-    crash_point("slice_after_precommits")
+    return reports, dead
 
-    # 6. Judge the outcome.
-    return judge(slice_number, len(tasks), results)
+
+def _with_dead_letters(items: Iterable[Any], width: int) -> Iterator[tuple[Any, ...]]:
+    blank = (None,) * width
+    for item in items:
+        yield (*blank, item.to_json()) if isinstance(item, DeadLetter) else (*item, None)
 
 
 def _outputs(spark: Any, spec: Pipeline, settings: Settings, output: Any) -> list[tuple[SinkSpec, Any]]:
@@ -177,8 +232,9 @@ def _outputs(spark: Any, spec: Pipeline, settings: Settings, output: Any) -> lis
     return [*((sink, touched) for sink in spec.sinks), (snapshot_sink, snapshot)]
 
 
-def _write_sink(ref: EpochRef, sink: SinkSpec, frame: Any, task_ids: list[str]) -> list[TaskResult]:
+def _write_sink(ref: SliceRef, sink: SinkSpec, frame: Any, task_ids: list[str]) -> list[TaskReport]:
     from pyspark import TaskContext as SparkTaskContext
+    from pyspark.sql import types as T
 
     columns = sink_columns(sink)
     if columns is not None:
@@ -192,8 +248,10 @@ def _write_sink(ref: EpochRef, sink: SinkSpec, frame: Any, task_ids: list[str]) 
     if frame.rdd.getNumPartitions() != len(task_ids):
         frame = frame.repartition(len(task_ids))
 
-    result_schema = _result_schema()
-    result_arrow = arrow_schema(result_schema)
+    text = T.StringType()
+    fields = {"sink": text, "task": text, "attempt": text, "records": T.LongType(), "committable": text}
+    report_schema = T.StructType([T.StructField(n, t, False) for n, t in fields.items()])
+    report_arrow = arrow_schema(report_schema)
 
     def write(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -207,21 +265,10 @@ def _write_sink(ref: EpochRef, sink: SinkSpec, frame: Any, task_ids: list[str]) 
                 f"more partitions than its {len(task_ids)} tasks (was adaptive execution re-enabled?)"
             )
         attempt = f"{context.stageId()}.{index}.{context.taskAttemptId()}"
-        result = write_task(ref, sink, task_ids[index], attempt, batch_rows(batches))
-        yield pa.RecordBatch.from_pylist([dataclasses.asdict(result)], schema=result_arrow)
+        report = write_task(ref, sink, task_ids[index], attempt, batch_rows(batches))
+        yield pa.RecordBatch.from_pylist([report.__dict__], schema=report_arrow)
 
-    return [TaskResult(**row.asDict()) for row in frame.mapInArrow(write, result_schema).collect()]
-
-
-def _result_schema() -> Any:
-    """What each output task reports back to the driver: a `TaskResult` as a Spark row."""
-    from pyspark.sql import types as T
-
-    text, count = T.StringType(), T.LongType()
-    fields = {"sink": text, "task": text, "attempt": text, "records": count, "accepted": T.BooleanType()}
-    return T.StructType(
-        [*(T.StructField(n, t, False) for n, t in fields.items()), T.StructField("reason", text)]
-    )
+    return [TaskReport(**row.asDict()) for row in frame.mapInArrow(write, report_schema).collect()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_slice(spec, args.epoch, args.slice, args.attempt_token, Settings.from_env())
     except OnceflowError as exc:
-        _log(f"failed: {exc}")
+        log(f"failed: {exc}")
         return 1
     print(json.dumps(summary))
     return 0

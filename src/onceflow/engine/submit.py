@@ -1,0 +1,83 @@
+"""The process step through spark-submit: the command line, its arguments and environment, built once.
+
+The runner's `submit_slice` and the Airflow process operator (a ``SparkSubmitOperator``) both take the
+application, its arguments and the Spark settings from here, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from onceflow.config import Settings
+
+# Spark settings of every slice job: no UI (one per epoch would be noise), few shuffle partitions.
+SPARK_CONF: dict[str, str] = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
+
+
+def spark_application() -> str:
+    """The spark-submit entry point: ONCEFLOW_SPARK_JOBS/onceflow_process.py, or the slice job module."""
+    jobs = os.environ.get("ONCEFLOW_SPARK_JOBS")
+    if jobs and (Path(jobs) / "onceflow_process.py").is_file():
+        return str(Path(jobs) / "onceflow_process.py")
+    from onceflow.engine import slice_job
+
+    return str(Path(slice_job.__file__))
+
+
+def spark_master() -> str:
+    """ONCEFLOW_SPARK_MASTER, else local[2]; ``local[N,F]`` lets Spark retry a failed task F-1 times."""
+    return os.environ.get("ONCEFLOW_SPARK_MASTER") or "local[2]"
+
+
+def application_args(pipeline_path: str, epoch: int, slice_number: int, attempt_token: str) -> list[str]:
+    """The slice job's own arguments (see `onceflow.engine.slice_job.main`)."""
+    return [
+        "--pipeline", pipeline_path,
+        "--epoch", str(epoch),
+        "--slice", str(slice_number),
+        "--attempt-token", attempt_token,
+    ]  # fmt: skip
+
+
+def spark_environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for spark-submit: the settings, this venv's spark-submit and Python (driver and
+    executors), and this process's import path, so the pipeline's modules import the same way."""
+    env = dict(os.environ if base is None else base)
+    env.update(settings.as_env())
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    return env
+
+
+def submit_command(
+    pipeline_path: str, epoch: int, slice_number: int, attempt_token: str, *, master: str | None = None
+) -> list[str]:
+    conf = [part for key, value in SPARK_CONF.items() for part in ("--conf", f"{key}={value}")]
+    return [
+        "spark-submit",
+        "--master", master or spark_master(),
+        *conf,
+        spark_application(),
+        *application_args(pipeline_path, epoch, slice_number, attempt_token),
+    ]  # fmt: skip
+
+
+def submit_slice(
+    pipeline_path: str,
+    epoch: int,
+    slice_number: int,
+    attempt_token: str,
+    settings: Settings,
+    *,
+    master: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """spark-submit one slice of an epoch and wait for it."""
+    env = spark_environment(settings)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
+    command = submit_command(pipeline_path, epoch, slice_number, attempt_token, master=master)
+    return subprocess.run(command, env=env, capture_output=True, text=True, check=False)

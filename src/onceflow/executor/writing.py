@@ -1,0 +1,82 @@
+"""Write task: stage one output partition in one sink and hand its committable back to the driver."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from onceflow.committables import Committable, TaskContext
+from onceflow.executor.slices import SliceRef
+from onceflow.faults import crash_point
+from onceflow.pipeline import SinkSpec
+from onceflow.sinks.registry import sink_kind
+
+WRITE_BATCH = 2000
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """One write task's outcome for one sink, sent back to the driver (a Spark row on the way)."""
+
+    sink: str
+    task: str
+    attempt: str
+    records: int
+    committable: str  # `Committable.to_json()`
+
+    def to_committable(self) -> Committable:
+        return Committable.from_json(self.committable)
+
+
+def write_task(
+    ref: SliceRef, sink: SinkSpec, task_id: str, attempt: str, rows: Iterable[Mapping[str, Any]]
+) -> TaskReport:
+    """Stage one attempt of one output task: begin, write in batches, pre-commit, report.
+
+    1. Build the sink kind's writer and begin the attempt.
+    2. Write the rows in batches; a failure rolls this attempt's staging back and fails the task (Spark
+       retries it as another attempt).
+    3. Pre-commit: the output is durable but invisible, described by a committable.
+    4. Return the committable; the driver registers it, or rolls it back if another attempt won.
+    """
+    # 1.
+    kind = sink_kind(sink.kind)
+    writer = kind.build_writer(kind.config_for(sink, ref.settings))
+    context = TaskContext(
+        pipeline=ref.pipeline.name,
+        epoch=ref.epoch,
+        slice=ref.slice,
+        task=task_id,
+        attempt=attempt,
+        sink=sink.name,
+        inputs=ref.slice_ranges,
+        replaces=ref.replaces,
+    )
+    count = 0
+    try:
+        writer.begin(context)
+        # 2.
+        for batch in _batches(rows):
+            writer.write(batch)
+            count += len(batch)
+        crash_point("task_after_stage")
+        # 3.
+        committable = writer.pre_commit()
+    except BaseException:
+        writer.abort()
+        raise
+    crash_point("task_after_precommit")
+    # 4.
+    return TaskReport(sink.name, task_id, attempt, count, committable.to_json())
+
+
+def _batches(rows: Iterable[Mapping[str, Any]]) -> Iterator[list[Mapping[str, Any]]]:
+    batch: list[Mapping[str, Any]] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= WRITE_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
