@@ -8,7 +8,7 @@ STAMP := $(VENV)/.onceflow-installed
 BENCH_STAMP := $(VENV)/.onceflow-bench-installed
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
-LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench)
+LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench local_stack)
 
 .PHONY: help venv jars services services-stop demo airflow-ui test lint unit faults bench clean
 
@@ -51,11 +51,11 @@ lint: venv
 
 demo: venv jars
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
-	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m onceflow.demo
+	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m local_stack.demo
 
 airflow-ui: venv jars
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
-	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m onceflow.local_airflow standalone
+	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m local_stack.local_airflow standalone
 
 test: lint jars
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \

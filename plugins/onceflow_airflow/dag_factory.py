@@ -16,15 +16,16 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule
 
+from onceflow.engine.submit import SPARK_CONF
 from onceflow.pipeline import load_pipeline
 from onceflow_airflow.operators import (
     INTERVAL_MODES,
     OnceflowAbortOperator,
     OnceflowCommitOperator,
     OnceflowPlanOperator,
+    OnceflowProcessOperator,
     OnceflowRecoverOperator,
     OnceflowReportOperator,
-    OnceflowSliceOperator,
 )
 
 DEFAULT_START = datetime(2024, 1, 1)
@@ -81,7 +82,7 @@ def build_dag(
                 description=f"at most this many offsets per partition (empty: the pipeline's "
                 f"{spec.max_records_per_partition})",
             ),
-            "dry_run": Param(
+            "preview": Param(
                 False, type="boolean", description="plan and print the ranges; process and commit nothing"
             ),
             "interval": Param(
@@ -95,14 +96,14 @@ def build_dag(
         recover = OnceflowRecoverOperator(task_id="recover", pipeline=pipeline, **conns)
         plan = OnceflowPlanOperator(task_id="plan", pipeline=pipeline, **conns)
         process = [
-            OnceflowSliceOperator(
+            OnceflowProcessOperator(
                 task_id=f"process_s{number}",
                 pipeline=pipeline,
                 slice_number=number,
                 application=spark_application(),
                 conn_id=spark_conn_id,
                 name=f"onceflow-{spec.name}-s{number}",
-                conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4", **(spark_conf or {})},
+                conf={**SPARK_CONF, **(spark_conf or {})},
                 env_vars={"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
                 retries=0,
                 **conns,

@@ -38,7 +38,11 @@ def _postgres_url(conn: Any, driver: str) -> str:
 
 
 class OnceflowHook(BaseHook):
-    """Builds onceflow `Settings` from the connections above and opens the ledger."""
+    """Builds onceflow `Settings` from the connections above and opens the ledger.
+
+    Settings are passed on explicitly (to the coordinator, to sinks through their kinds' defaults, to
+    spark-submit as its child environment); this process's environment is never written.
+    """
 
     conn_name_attr = "ledger_conn_id"
     default_conn_name = "onceflow_ledger"
@@ -81,12 +85,6 @@ class OnceflowHook(BaseHook):
 
         ledger_url = make_url(settings.ledger_url).render_as_string(hide_password=True)
         self.log.info("onceflow: ledger %s, Kafka %s", ledger_url, settings.kafka_bootstrap)
-        return settings
-
-    def export(self) -> Settings:
-        """`settings`, also written to this task's environment so that sinks and child processes see it."""
-        settings = self.settings()
-        os.environ.update(settings.as_env())
         return settings
 
     def get_conn(self) -> Ledger:

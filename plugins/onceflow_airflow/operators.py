@@ -1,14 +1,16 @@
-"""One operator per epoch step; each calls the matching `onceflow.engine.steps` function.
+"""One operator per epoch step; each calls the matching `onceflow.coordinator.Coordinator` method.
 
-Every operator takes the pipeline as ``module:attribute`` and finds its epoch through the ledger by the
-DAG run's id, never through XCom alone, so a cleared task, a retry or ``airflow tasks test`` acts on
-the epoch the ledger says this run owns.
+Every operator takes the pipeline as ``module:attribute``, gets its settings and ledger from
+`OnceflowHook`, and finds its epoch through the ledger by the DAG run's id, never through XCom alone, so
+a cleared task, a retry or ``airflow tasks test`` acts on the epoch the ledger says this run owns. A
+refusal fails the task (no retry) with the refusal as its last log line, in the CLI's words.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -16,8 +18,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from onceflow.engine import steps
-from onceflow.ledger import EpochStatus, Ledger
+from onceflow.coordinator import Coordinator, EpochOwned, PlanResult, Refused, process_alive
+from onceflow.engine.submit import application_args
 from onceflow.pipeline import Pipeline, load_pipeline
 from onceflow_airflow.hooks import OnceflowHook
 
@@ -54,41 +56,46 @@ class _OnceflowOperator(BaseOperator):
     def say(self, line: str) -> None:
         self.log.info("onceflow: %s", line)
 
+    @contextmanager
+    def coordinator(self) -> Iterator[Coordinator]:
+        """The pipeline's coordinator over the hook's ledger; a refusal fails the task without retry."""
+        hook = self.hook()
+        settings = hook.settings()
+        with hook.get_conn() as ledger:
+            try:
+                yield Coordinator.for_pipeline(self.spec(), ledger, settings, log=self.say)
+            except Refused as refused:
+                self.log.error("onceflow: %s", refused)
+                raise AirflowFailException(str(refused)) from refused
+
 
 class OnceflowRecoverOperator(_OnceflowOperator):
-    """Finish what a crash left behind: commit a decided epoch, roll back an undecided one, sweep."""
+    """Finish what a crash left behind: commit a decided epoch, roll back an undecided one whose owner
+    is gone, sweep orphans. An epoch owned by another DAG run that is still queued or running is kept."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        spec, settings = self.spec(), self.hook().export()
-        self._refuse_if_another_run_is_active(context, spec, settings)
-        report = steps.recover(spec, settings, log=self.say)
+        alive = self._owner_alive(context)
+        with self.coordinator() as coordinator:
+            report = coordinator.recover(
+                by=f"Airflow task {self.task_id} of run {context['dag_run'].run_id}", owner_alive=alive
+            )
         return report.to_dict()
 
-    def _refuse_if_another_run_is_active(self, context: Any, spec: Pipeline, settings: Any) -> None:
-        """Recovery must never roll back an epoch that another, still running DAG run is processing.
+    def _owner_alive(self, context: Any) -> Callable[[str], bool | None]:
+        """An owner is a DAG run of this DAG (alive while queued or running), or a process."""
 
-        ``max_active_runs=1`` prevents that for scheduled runs, but a backfill has its own limit
-        (``airflow backfill create --max-active-runs``, default 10).
-        """
-        with Ledger.connect(settings.ledger_url) as ledger:
-            epoch = ledger.open_epoch(spec.name)
-        this_run = context["dag_run"].run_id
-        if epoch is None or epoch.run_id in (None, this_run):
-            return
-        try:
-            state = str(context["ti"].get_dagrun_state(dag_id=context["dag"].dag_id, run_id=epoch.run_id))
-        except Exception as exc:  # the run belongs to another DAG or no longer exists: it is not active
-            self.log.info(
-                "onceflow: %s belongs to run %s, not found in this DAG (%s)", epoch, epoch.run_id, exc
-            )
-            return
-        self.log.info("onceflow: %s belongs to DAG run %s, which is %s", epoch, epoch.run_id, state)
-        if state.lower().rsplit(".", 1)[-1] in ("queued", "running"):
-            raise AirflowException(
-                f"{epoch} belongs to DAG run {epoch.run_id}, which is still {state}; this run waits for it "
-                "(retried). Epochs of a pipeline run one at a time: backfill with "
-                "`airflow backfill create --max-active-runs 1`"
-            )
+        def alive(owner: str) -> bool | None:
+            run_id = owner.split(" (pid ", 1)[0]
+            if run_id == context["dag_run"].run_id:
+                return False  # this very run starts over: what it planned before is not running
+            try:
+                state = str(context["ti"].get_dagrun_state(dag_id=context["dag"].dag_id, run_id=run_id))
+            except Exception:  # not a run of this DAG: a runner or another orchestrator
+                return process_alive(owner)
+            self.log.info("onceflow: the epoch in flight belongs to DAG run %s, which is %s", run_id, state)
+            return state.lower().rsplit(".", 1)[-1] in ("queued", "running")
+
+        return alive
 
 
 def run_interval(context: Any, mode: str) -> tuple[datetime, datetime] | None:
@@ -111,31 +118,38 @@ def run_interval(context: Any, mode: str) -> tuple[datetime, datetime] | None:
 
 
 class OnceflowPlanOperator(_OnceflowOperator):
-    """Write the epoch's exact offset ranges to the ledger before anything runs (or print them, dry run).
+    """Write the epoch's exact offset ranges to the ledger before anything runs (or print them: preview).
 
-    Params read: ``max_records_per_partition`` (null = the pipeline's), ``dry_run``, ``interval``.
+    Params read: ``max_records_per_partition`` (null = the pipeline's), ``preview``, ``interval``. The DAG
+    run owns the epoch it plans; while another run's epoch is in flight, the task fails to be retried.
     """
 
     def execute(self, context: Any) -> dict[str, Any]:
         params = context["params"]
         interval = run_interval(context, str(params.get("interval", "auto")))
-        result = steps.plan(
-            self.spec(),
-            self.hook().export(),
-            run_id=context["dag_run"].run_id,
-            data_interval=interval,
-            max_records_per_partition=params.get("max_records_per_partition") or None,
-            dry_run=bool(params.get("dry_run", False)),
-            log=self.say,
-        )
+        run_id = context["dag_run"].run_id
+        with self.coordinator() as coordinator:
+            try:
+                result = coordinator.plan(
+                    run_id=run_id,
+                    owner=f"{run_id} (DAG {context['dag'].dag_id})",
+                    data_interval=interval,
+                    max_records_per_partition=params.get("max_records_per_partition") or None,
+                    preview=bool(params.get("preview", False)),
+                )
+            except EpochOwned as owned:
+                raise AirflowException(
+                    f"{owned} (retried). Backfill with `airflow backfill create --max-active-runs 1`"
+                ) from owned
         return result.to_dict()
 
 
-class OnceflowSliceOperator(SparkSubmitOperator):
-    """spark-submit ``onceflow_process.py`` for one slice of this run's epoch.
+class OnceflowProcessOperator(SparkSubmitOperator):
+    """The process step: spark-submit ``onceflow_process.py`` for one slice of this run's epoch.
 
     Skipped (not failed) when the run planned nothing to process, when the slice has no read task in
-    this epoch, or when the epoch is already decided (a cleared or retried task must not redo it).
+    this epoch, or when the epoch is already decided (a cleared or retried task must not redo it); the
+    gate is `Coordinator.slice_to_process`, the runner's too.
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "pipeline")
@@ -162,29 +176,20 @@ class OnceflowSliceOperator(SparkSubmitOperator):
         planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
         if not planned:
             raise AirflowFailException(f"task {self.plan_task_id!r} left no plan for this run")
-        result = steps.PlanResult.from_dict(planned)
-        if result.status != "planned" or result.epoch is None:
-            raise AirflowSkipException(f"nothing to process: plan said {result.status}")
-        if self.slice_number not in result.slices_with_tasks:
-            raise AirflowSkipException(f"epoch {result.epoch}: slice {self.slice_number} has no read task")
-        settings = self.onceflow_hook.export()
-        with Ledger.connect(settings.ledger_url) as ledger:
-            epoch = ledger.epoch(result.pipeline, result.epoch)
-        at_most_once = load_pipeline(self.pipeline).commits_before_processing
-        if epoch.status is not EpochStatus.PLANNED and not (
-            at_most_once and epoch.status is EpochStatus.COMMITTED
-        ):
-            message = f"{epoch} is {epoch.status}: the slice has nothing left to do"
-            if epoch.status.is_final and epoch.status is EpochStatus.ABORTED:
-                raise AirflowFailException(message + " (aborted; the next run replays its range)")
-            raise AirflowSkipException(message)
-        self.log.info("onceflow: %s, slice %s: spark-submit", epoch, self.slice_number)
-        self.application_args = [
-            "--pipeline", self.pipeline,
-            "--epoch", str(epoch.number),
-            "--slice", str(self.slice_number),
-            "--attempt-token", epoch.attempt_token,
-        ]  # fmt: skip
+        settings = self.onceflow_hook.settings()
+        with self.onceflow_hook.get_conn() as ledger:
+            coordinator = Coordinator.for_pipeline(load_pipeline(self.pipeline), ledger, settings)
+            epoch, why = coordinator.slice_to_process(PlanResult.from_dict(planned), self.slice_number)
+            if epoch is not None:
+                coordinator.renew(epoch.number)
+        if epoch is None:
+            if "ABORTED" in why:
+                raise AirflowFailException(why + " (aborted; the next run replays its range)")
+            raise AirflowSkipException(why)
+        self.log.info("onceflow: %s: spark-submit", why)
+        self.application_args = application_args(
+            self.pipeline, epoch.number, self.slice_number, epoch.attempt_token
+        )
         self.env_vars = {
             **(self.env_vars or {}),
             **settings.as_env(),
@@ -194,40 +199,31 @@ class OnceflowSliceOperator(SparkSubmitOperator):
 
 
 class OnceflowCommitOperator(_OnceflowOperator):
-    """The coordinator: decide, then commit every participant; a committed epoch is left as it is."""
+    """The commit step: decide, then commit every participant; a committed epoch is left as it is."""
 
     def execute(self, context: Any) -> dict[str, Any] | None:
-        try:
-            epoch = steps.commit(
-                self.spec(), self.hook().export(), run_id=context["dag_run"].run_id, log=self.say
-            )
-        except steps.StepRefused as refused:
-            self.log.error("onceflow: %s", refused)
-            raise AirflowFailException(str(refused)) from refused
+        with self.coordinator() as coordinator:
+            epoch = coordinator.commit(run_id=context["dag_run"].run_id)
         return None if epoch is None else {"epoch": epoch.number, "status": str(epoch.status)}
 
 
 class OnceflowAbortOperator(_OnceflowOperator):
-    """Roll back the run's undecided epoch; refuses, failing without retries, to touch a decided one."""
+    """The abort step: roll back the run's undecided epoch; refuses, failing without retries, to touch a
+    decided one."""
 
     def execute(self, context: Any) -> dict[str, Any] | None:
         run_id = context["dag_run"].run_id
-        try:
-            epoch = steps.abort(
-                self.spec(),
-                self.hook().export(),
-                run_id=run_id,
-                reason=f"aborted by Airflow task {self.task_id} of run {run_id}",
-                log=self.say,
+        with self.coordinator() as coordinator:
+            epoch = coordinator.abort(
+                run_id=run_id, reason=f"aborted by Airflow task {self.task_id} of run {run_id}"
             )
-        except steps.StepRefused as refused:
-            self.log.error("onceflow: %s", refused)
-            raise AirflowFailException(str(refused)) from refused
         return None if epoch is None else {"epoch": epoch.number, "status": str(epoch.status)}
 
 
 class OnceflowReportOperator(_OnceflowOperator):
-    """Print the run's epoch: status, input ranges, records per sink, dead letters."""
+    """The report step: the run's epoch in a few lines (status, input ranges, records per sink, dead
+    letters), the last lines of the run's log."""
 
     def execute(self, context: Any) -> list[str]:
-        return steps.report(self.spec(), self.hook().export(), run_id=context["dag_run"].run_id, log=self.say)
+        with self.coordinator() as coordinator:
+            return coordinator.report(run_id=context["dag_run"].run_id)
