@@ -17,9 +17,8 @@ from typing import Any
 from bench.memory import TreePeak, TreeSampler
 from bench.pipelines import SPEC_ENV, SPEC_PATH
 from onceflow.config import Settings
-from onceflow.engine.planning import plan_epoch
-from onceflow.engine.runner import submit_slice
-from onceflow.engine.sinks import committers_for
+from onceflow.coordinator import Coordinator, committers_for
+from onceflow.engine.submit import submit_slice
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import Pipeline
 from onceflow.sinks.base import Committable, SinkCommitter
@@ -149,28 +148,29 @@ def _committed(offsets: Mapping[tuple[str, int], int]) -> int:
 def _epoch(
     spec: Pipeline, settings: Settings, ledger: Ledger, committers: Mapping[str, TimedCommitter]
 ) -> EpochTiming:
+    coordinator = Coordinator(ledger, spec.name, committers, spec=spec, settings=settings)
     t0 = time.perf_counter()
-    ledger.recover(spec.name, committers)
+    coordinator.recover()
     t1 = time.perf_counter()
-    planned = plan_epoch(spec, ledger, settings)
+    planned = coordinator.plan(run_id=f"bench__{time.time_ns()}")
+    assert planned.epoch is not None and planned.attempt_token is not None
     t2 = time.perf_counter()
     sampler = TreeSampler(os.getpid()).start()
     try:
-        for plan in planned.slices:
-            if plan.tasks:
-                result = submit_slice(SPEC_PATH, planned.epoch, plan.slice, settings)
-                if result.returncode != 0:
-                    raise SliceFailed(f"{planned.epoch} slice {plan.slice}: {result.stderr[-3000:]}")
+        for number in planned.slices_with_tasks:
+            result = submit_slice(SPEC_PATH, planned.epoch, number, planned.attempt_token, settings)
+            if result.returncode != 0:
+                raise SliceFailed(f"epoch {planned.epoch} slice {number}: {result.stderr[-3000:]}")
     finally:
         memory = sampler.stop()
     t3 = time.perf_counter()
     before = sum(c.commit_s for c in committers.values())
-    ledger.commit_epoch(spec.name, planned.epoch.number, committers)
+    coordinator.commit(number=planned.epoch)
     t4 = time.perf_counter()
     sink_s = sum(c.commit_s for c in committers.values()) - before
     return EpochTiming(
-        epoch=planned.epoch.number,
-        records=planned.plan.span,
+        epoch=planned.epoch,
+        records=planned.span,
         recover_s=t1 - t0,
         plan_s=t2 - t1,
         spark_s=t3 - t2,

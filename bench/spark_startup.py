@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from onceflow.config import Settings
-from onceflow.local_airflow import spark_environment
+from onceflow.engine.submit import spark_environment
 
 NOOP = Path(__file__).resolve().parent / "spark_noop.py"
 

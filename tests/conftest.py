@@ -119,7 +119,7 @@ def pg_database(settings: Settings) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def spark_env(settings: Settings) -> dict[str, str]:
     """Environment for spark-submit child processes: the venv's Python on executors, ONCEFLOW_* settings."""
-    from onceflow.local_airflow import spark_environment
+    from onceflow.engine.submit import spark_environment
 
     return spark_environment(settings)
 
@@ -127,7 +127,7 @@ def spark_env(settings: Settings) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> dict[str, str]:
     """An Airflow home with a migrated metadata DB, the repo's dags/ and a local Spark connection."""
-    from onceflow.local_airflow import airflow_environment, migrate
+    from local_stack.local_airflow import airflow_environment, migrate
 
     env = airflow_environment(settings, ROOT, tmp_path_factory.mktemp("airflow-home"))
     migrate(env)

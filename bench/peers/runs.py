@@ -16,7 +16,7 @@ from bench.dataset import MIN_AMOUNT, Dataset, create_topic, delete_topics, kept
 from bench.memory import TreePeak, TreeSampler
 from bench.peers.setup import HERE, quix_python, spark_kafka_jars
 from onceflow.config import Settings
-from onceflow.local_airflow import spark_environment
+from onceflow.engine.submit import spark_environment
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,12 @@ import uuid
 from typing import Any
 
 from onceflow.config import Settings
+from onceflow.coordinator import Coordinator
 from onceflow.engine.runner import ProcessFailed, run_epoch
-from onceflow.engine.sinks import committers_for
-from onceflow.engine.slice_job import judge
-from onceflow.engine.task_io import EpochRef, write_task
+from onceflow.engine.slice_job import precommit_slice
 from onceflow.errors import OnceflowError
+from onceflow.executor.slices import SliceRef
+from onceflow.executor.writing import write_task
 from onceflow.faults import crash_point
 from onceflow.ledger import Ledger
 from onceflow.offsets import OffsetRange
@@ -49,27 +50,20 @@ def socket_epoch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]
     the feed still has, which is how a socket source loses a crashed epoch's records.
     """
     spec = load_pipeline(args.pipeline)
-    committers = committers_for(spec)
     with Ledger.connect(settings.ledger_url) as ledger:
-        ledger.recover(spec.name, committers)
+        coordinator = Coordinator.for_pipeline(spec, ledger, settings)
+        coordinator.recover(by="fault harness")
         position = ledger.committed_offsets(spec.name).get((SOCKET_TOPIC, 0), 0)
         ranges = (OffsetRange(SOCKET_TOPIC, 0, position, position + args.count),)
         planned = ledger.plan_epoch(spec.name, ranges, [(sink.name, "s0-t0") for sink in spec.sinks])
         crash_point("after_plan")
         rows = [{"id": r["id"], "payload": r["payload"]} for r in read_feed(args.feed, args.count)]
-        ref = EpochRef(
-            spec,
-            planned.number,
-            planned.attempt_token,
-            0,
-            ranges,
-            settings.kafka_bootstrap,
-            settings.ledger_url,
-        )
+        ref = SliceRef(spec, planned.number, 0, ranges, settings.kafka_bootstrap, settings=settings)
         attempt = f"socket-{uuid.uuid4().hex[:12]}"
-        judge(0, 1, [write_task(ref, sink, "s0-t0", attempt, iter(rows)) for sink in spec.sinks])
-        crash_point("slice_after_precommits")
-        done = ledger.commit_epoch(spec.name, planned.number, committers)
+        reports = [write_task(ref, sink, "s0-t0", attempt, iter(rows)) for sink in spec.sinks]
+        precommit_slice(coordinator, 0, planned, planned.attempt_token, reports, [], ["s0-t0"])
+        done = coordinator.commit(number=planned.number)
+    assert done is not None
     return {"epoch": done.number, "status": str(done.status), "span": len(rows)}
 
 
@@ -80,14 +74,17 @@ def abort(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         in_flight = ledger.open_epoch(spec.name)
         if in_flight is None:
             return {"aborted": None}
-        done = ledger.abort_epoch(spec.name, in_flight.number, committers_for(spec), reason="fault harness")
+        done = Coordinator.for_pipeline(spec, ledger, settings).abort(
+            number=in_flight.number, reason="aborted by the fault harness"
+        )
+    assert done is not None
     return {"aborted": done.number, "status": str(done.status)}
 
 
 def recover(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     spec = load_pipeline(args.pipeline)
     with Ledger.connect(settings.ledger_url) as ledger:
-        report = ledger.recover(spec.name, committers_for(spec))
+        report = Coordinator.for_pipeline(spec, ledger, settings).recover(by="fault harness")
     return {"recovered": report.summary()}
 
 

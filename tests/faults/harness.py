@@ -76,12 +76,13 @@ EPOCH_POINTS: dict[str, int] = {
     "task_mid_read": 2,
     "task_after_stage": 5,
     "task_after_precommit": 5,
+    "slice_after_tasks": 1,
     "slice_after_precommits": 1,
     "before_decision": 0,
     "after_decision": 0,
     "participant_committed": 2,
     "between_commits": 1,
-    "before_finish": 0,
+    "before_complete": 0,
     "kafka.produced": 1,
     "kafka.offsets_sent": 1,
     "kafka.committed": 1,
@@ -454,7 +455,7 @@ TABLE_SCHEDULE: tuple[Crash, ...] = (
     Crash("wal.pushed"),
     Crash("participant_committed", 1),
     Crash("after_decision"),
-    Crash("before_finish"),
+    Crash("before_complete"),
 )
 TABLE_EPOCH = 30  # records per epoch
 

@@ -25,6 +25,7 @@ SPARK_POINTS = (
     "task_mid_read",
     "task_after_stage",
     "task_after_precommit",
+    "slice_after_tasks",
     "slice_after_precommits",
     "after_decision",
 )

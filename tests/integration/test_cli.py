@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import Settings
+from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, Ledger
-from onceflow.ledger.testing import RecordingCommitter
 from onceflow.offsets import OffsetRange
+from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.sinks.base import Committable
+from onceflow.testing import RecordingCommitter
 
 pytestmark = pytest.mark.integration
 
@@ -25,9 +27,13 @@ SINK_DIR_VAR = "ONCEFLOW_TEST_SINK_DIR"
 P = "clicks"
 
 
-def fake_provider(pipeline: str, sink: str) -> RecordingCommitter:
-    """The committer provider the console script loads: one JSON-file sink per sink name."""
-    return RecordingCommitter(path=Path(os.environ[SINK_DIR_VAR]) / f"{sink}.json")
+# The spec the console script finds through ONCEFLOW_PIPELINES: its sink commits to a JSON file.
+CLICKS = Pipeline(
+    P,
+    KafkaSource(("in",)),
+    JsonFormat({"n": "int"}),
+    (SinkSpec("db", "onceflow.testing:RECORDING_KIND", {"dir": os.environ.get(SINK_DIR_VAR, "/nowhere")}),),
+)
 
 
 @pytest.fixture
@@ -35,7 +41,7 @@ def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     env = {
         **os.environ,
         "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.db'}",
-        "ONCEFLOW_COMMITTER_PROVIDER": f"{__name__}:fake_provider",
+        "ONCEFLOW_PIPELINES": f"{__name__}:CLICKS",
         SINK_DIR_VAR: str(tmp_path),
         "PYTHONPATH": str(ROOT),
     }
@@ -173,7 +179,7 @@ def test_status_reports_position_epoch_in_flight_and_lag(
         producer.produce(topic, value=b"x", partition=0 if i < 4 else 1)
     assert producer.flush(30) == 0
     e1 = ledger.plan_epoch(P, [OffsetRange(topic, 0, 0, 3), OffsetRange(topic, 1, 0, 1)], [])
-    ledger.commit_epoch(P, e1.number, {})
+    Coordinator(ledger, P, {}).commit(number=e1.number)
     ledger.plan_epoch(P, [OffsetRange(topic, 0, 3, 4)], [])
 
     done = cli("status", P, "--json")

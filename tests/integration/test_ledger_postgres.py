@@ -5,6 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, Ledger, SchemaMismatch
 from onceflow.offsets import OffsetRange
 from tests.unit.test_ledger_state_machine import run_machine
@@ -26,7 +27,7 @@ def test_fresh_postgresql_database_needs_upgrade_then_works(pg_database: str) ->
     Ledger.connect(pg_database, check=False).upgrade()
     with Ledger.connect(pg_database.replace("postgresql://", "postgresql+psycopg://", 1)) as ledger:
         e = ledger.plan_epoch("p", [OffsetRange("in", 0, 0, 3)], [])
-        assert ledger.commit_epoch("p", e.number, {}).status is EpochStatus.COMMITTED
+        assert Coordinator(ledger, "p", {}).commit(number=e.number).status is EpochStatus.COMMITTED
         assert ledger.committed_offsets("p") == {("in", 0): 3}
 
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, IllegalTransition, Ledger
-from onceflow.ledger.testing import RecordingCommitter
 from onceflow.offsets import OffsetRange
 from onceflow.sinks.base import Committable
+from onceflow.testing import RecordingCommitter
 
 pytestmark = pytest.mark.integration
 
@@ -29,9 +30,9 @@ def _worker(url: str, index: int, barrier: Any, results: Any, record: str) -> No
         barrier.wait()
         try:
             if action == "commit":
-                ledger.commit_epoch(P, number, sinks)
+                Coordinator(ledger, P, sinks).commit(number=number)
             else:
-                ledger.abort_epoch(P, number, sinks, f"worker {index}")
+                Coordinator(ledger, P, sinks).abort(number=number, reason=f"worker {index}")
             outcome = "ok"
         except IllegalTransition:
             outcome = "refused"

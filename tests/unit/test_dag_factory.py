@@ -40,6 +40,6 @@ def test_trigger_rules_and_params(dag) -> None:  # type: ignore[no-untyped-def]
     assert dag.get_task("abort").trigger_rule == "one_failed"
     assert dag.get_task("commit").trigger_rule == "none_failed"  # skipped empty slices are fine
     assert dag.get_task("commit").retries == 2
-    assert set(dag.params) == {"max_records_per_partition", "dry_run", "interval"}
-    assert dag.params["dry_run"] is False
+    assert set(dag.params) == {"max_records_per_partition", "preview", "interval"}
+    assert dag.params["preview"] is False
     assert dag.params["interval"] == "auto"

@@ -6,12 +6,11 @@ import pytest
 
 from onceflow.engine.planning import (
     check_guarantee,
-    check_kafka_groups,
-    check_timeouts,
     expected_participants,
+    participant_sinks,
+    run_plan_checks,
     slices_of,
 )
-from onceflow.engine.sinks import participant_sinks
 from onceflow.errors import ConfigError
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import STATE_SINK, JsonFormat, KafkaSource, Pipeline, SinkSpec, StateSpec
@@ -32,10 +31,8 @@ def spec(*sinks: SinkSpec, **fields: object) -> Pipeline:
 def test_two_kafka_sinks_sharing_a_consumer_group_are_refused() -> None:
     shared = spec(SinkSpec("a", "kafka", KAFKA), SinkSpec("b", "kafka", {**KAFKA, "topic": "other"}))
     with pytest.raises(ConfigError, match="sinks 'a' and 'b' both commit input offsets to consumer group"):
-        check_kafka_groups(shared)
-    check_kafka_groups(
-        spec(SinkSpec("a", "kafka", KAFKA), SinkSpec("b", "kafka", {**KAFKA, "group_id": "g-b"}))
-    )
+        run_plan_checks(shared)
+    run_plan_checks(spec(SinkSpec("a", "kafka", KAFKA), SinkSpec("b", "kafka", {**KAFKA, "group_id": "g-b"})))
 
 
 def test_a_kafka_transaction_timeout_below_the_pipeline_timeout_is_refused() -> None:
@@ -43,7 +40,7 @@ def test_a_kafka_transaction_timeout_below_the_pipeline_timeout_is_refused() -> 
         SinkSpec("a", "kafka", {**KAFKA, "transaction_timeout_ms": 60_000}), transaction_timeout_s=900
     )
     with pytest.raises(ConfigError, match=r"sink 'a'.*Raise transaction_timeout_ms"):
-        check_timeouts(short)
+        run_plan_checks(short)
 
 
 def test_state_is_a_participant_of_every_task(tmp_path: object) -> None:

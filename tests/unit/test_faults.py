@@ -29,7 +29,7 @@ def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_unarmed_points_do_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(CRASH_AT_ENV, raising=False)
     crash_point("after_plan")
-    monkeypatch.setenv(CRASH_AT_ENV, "before_finish")
+    monkeypatch.setenv(CRASH_AT_ENV, "before_complete")
     crash_point("after_plan")
 
 

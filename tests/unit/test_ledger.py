@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from onceflow.coordinator import Coordinator, classify_orphan
 from onceflow.errors import ConfigError
 from onceflow.ledger import (
     DeadLetter,
@@ -29,15 +30,12 @@ from onceflow.ledger import (
     StaleAttemptToken,
     UnexpectedParticipant,
     UnknownEpoch,
-    classify_orphan,
-    committer_provider,
-    set_committer_provider,
 )
 from onceflow.ledger.records import Epoch
 from onceflow.ledger.schema import normalize_url
-from onceflow.ledger.testing import RecordingCommitter, key_of
 from onceflow.offsets import OffsetRange
 from onceflow.sinks.base import Committable
+from onceflow.testing import RecordingCommitter, key_of
 
 P = "orders"
 EXPECTED = [("db", "t0"), ("db", "t1"), ("files", "t0")]
@@ -101,8 +99,8 @@ def test_database_of_a_newer_schema_is_refused(ledger: Ledger, tmp_path: Path) -
 
 
 _NEXT_REVISION = """
-revision = "0002_next"
-down_revision = "0001_initial"
+revision = "9999_next"
+down_revision = "{head}"
 branch_labels = None
 depends_on = None
 
@@ -122,17 +120,18 @@ def downgrade() -> None:
 def test_database_of_an_older_schema_is_refused_until_upgraded(
     ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A ledger left at 0001 by an earlier onceflow, opened by one whose head is a later revision."""
+    """A ledger left at today's head by an earlier onceflow, opened by one whose head is a later revision."""
     from onceflow.ledger import schema
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     ledger.plan_epoch(P, ranges(0, 10), EXPECTED)
     newer = tmp_path / "migrations"
     shutil.copytree(schema.MIGRATIONS, newer, ignore=shutil.ignore_patterns("__pycache__"))
-    (newer / "versions" / "0002_next.py").write_text(_NEXT_REVISION)
+    head = schema.head_revision()
+    (newer / "versions" / "9999_next.py").write_text(_NEXT_REVISION.replace("{head}", head))
     monkeypatch.setattr(schema, "MIGRATIONS", newer)
 
-    older = "'0001_initial', older than '0002_next': run `onceflow db upgrade`"
+    older = f"'{head}', older than '9999_next': run `onceflow db upgrade`"
     with pytest.raises(SchemaMismatch, match=older):
         Ledger.connect(url)
     Ledger.connect(url, check=False).upgrade()
@@ -171,9 +170,9 @@ def test_no_second_epoch_while_one_is_not_final(
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     if reach == "COMMITTING":
         precommit_all(ledger, sinks, e)
-        ledger.decide(P, e.number)
+        ledger.decide_commit(P, e.number)
     elif reach == "ABORTING":
-        ledger.begin_abort(P, e.number, "test")
+        ledger.decide_abort(P, e.number, "test")
     with pytest.raises(EpochInFlight, match=f"epoch 1 is still {reach}"):
         ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     assert [x.number for x in ledger.epochs(P)] == [1]
@@ -195,7 +194,7 @@ def test_epoch_numbers_increase_by_one_per_pipeline(
     for n in (1, 2, 3):
         e = ledger.plan_epoch(P, ranges(n - 1, n), [])
         assert e.number == n
-        ledger.commit_epoch(P, n, sinks)
+        Coordinator(ledger, P, sinks).commit(number=n)
     assert ledger.plan_epoch("other", [], []).number == 1
 
 
@@ -207,7 +206,7 @@ def test_next_epoch_starts_where_the_last_committed_one_ended(
 ) -> None:
     e1 = ledger.plan_epoch(P, ranges(10, 20, 0, 3), EXPECTED)
     precommit_all(ledger, sinks, e1)
-    ledger.commit_epoch(P, 1, sinks)
+    Coordinator(ledger, P, sinks).commit(number=1)
     assert ledger.committed_offsets(P) == {("in", 0): 20, ("in", 1): 3}
     with pytest.raises(OffsetGap, match=r"in\[0\]@\[21,30\) must start at offset 20"):
         ledger.plan_epoch(P, ranges(21, 30, 3, 4), EXPECTED)
@@ -227,35 +226,35 @@ def test_a_committed_interval_can_be_replanned_over_exactly_its_ranges_without_m
 
     interval = (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 1, tzinfo=UTC))
     ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval)
-    ledger.abort_epoch(P, 1, sinks, "task failed")
+    Coordinator(ledger, P, sinks).abort(number=1, reason="task failed")
     with pytest.raises(InvalidPlan, match="only a committed epoch's output can be replaced"):
         ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval, replaces=1)
     e2 = ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval)
     precommit_all(ledger, sinks, e2)
-    ledger.commit_epoch(P, e2.number, sinks)
+    Coordinator(ledger, P, sinks).commit(number=e2.number)
     e3 = ledger.plan_epoch(P, ranges(10, 20), EXPECTED)
     precommit_all(ledger, sinks, e3)
-    ledger.commit_epoch(P, e3.number, sinks)
+    Coordinator(ledger, P, sinks).commit(number=e3.number)
     with pytest.raises(InvalidPlan, match="must read exactly its ranges"):
         ledger.plan_epoch(P, ranges(0, 11), EXPECTED, data_interval=interval, replaces=e2.number)
     with pytest.raises(InvalidPlan, match="covers data interval"):
         ledger.plan_epoch(P, ranges(0, 10), EXPECTED, replaces=e2.number)
     e4 = ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval, replaces=e2.number)
     precommit_all(ledger, sinks, e4)
-    ledger.commit_epoch(P, e4.number, sinks)
+    Coordinator(ledger, P, sinks).commit(number=e4.number)
     assert ledger.committed_offsets(P)[("in", 0)] == 20  # the re-run interval did not move it back
 
 
 def test_an_aborted_range_is_replayed(ledger: Ledger, sinks: dict[str, RecordingCommitter]) -> None:
     e1 = ledger.plan_epoch(P, ranges(0, 10), EXPECTED)
     stage(ledger, sinks, e1, "db", "t0")
-    ledger.abort_epoch(P, 1, sinks, "task failed")
+    Coordinator(ledger, P, sinks).abort(number=1, reason="task failed")
     assert ledger.committed_offsets(P) == {}
     ledger.plan_epoch(P, ranges(0, 10), EXPECTED)  # nothing was committed: any start is fine
-    ledger.abort_epoch(P, 2, sinks, "again")
+    Coordinator(ledger, P, sinks).abort(number=2, reason="again")
     e3 = ledger.plan_epoch(P, ranges(0, 12), EXPECTED)
     precommit_all(ledger, sinks, e3)
-    ledger.commit_epoch(P, 3, sinks)
+    Coordinator(ledger, P, sinks).commit(number=3)
     with pytest.raises(OffsetGap):
         ledger.plan_epoch(P, ranges(10, 12), EXPECTED)
     assert ledger.plan_epoch(P, ranges(12, 15), EXPECTED).ranges[0] == OffsetRange("in", 0, 12, 15)
@@ -303,7 +302,7 @@ def test_first_attempt_wins_same_attempt_is_a_no_op_other_attempt_is_refused(
 
 def test_zombies_are_refused(ledger: Ledger, sinks: dict[str, RecordingCommitter]) -> None:
     e1 = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
-    ledger.abort_epoch(P, 1, sinks, "retry")
+    Coordinator(ledger, P, sinks).abort(number=1, reason="retry")
     with pytest.raises(EpochNotPlanned, match="epoch 1 of pipeline 'orders' is ABORTED"):
         stage(ledger, sinks, e1, "db", "t0")
     e2 = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
@@ -327,7 +326,7 @@ def test_precommit_after_the_decision_is_refused(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
-    ledger.decide(P, 1)
+    ledger.decide_commit(P, 1)
     with pytest.raises(EpochNotPlanned, match="COMMITTING"):
         stage(ledger, sinks, e, "db", "t0", attempt="late")
 
@@ -341,16 +340,16 @@ def test_decision_waits_for_every_expected_participant(
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     stage(ledger, sinks, e, "db", "t0")
     with pytest.raises(ParticipantsMissing, match=r"2 of 3 expected participants .*db/t1, files/t0"):
-        ledger.decide(P, 1)
+        ledger.decide_commit(P, 1)
     with pytest.raises(ParticipantsMissing):
-        ledger.commit_epoch(P, 1, sinks)
+        Coordinator(ledger, P, sinks).commit(number=1)
     assert ledger.epoch(P, 1).status is EpochStatus.PLANNED
     assert visible(sinks) == set()
     stage(ledger, sinks, e, "db", "t1")
     stage(ledger, sinks, e, "files", "t0")
-    decided = ledger.decide(P, 1)
+    decided = ledger.decide_commit(P, 1)
     assert decided.status is EpochStatus.COMMITTING and decided.decided_at is not None
-    assert ledger.decide(P, 1).status is EpochStatus.COMMITTING
+    assert ledger.decide_commit(P, 1).status is EpochStatus.COMMITTING
 
 
 # ------------------------------------------------------------------------------------ invariant 5
@@ -363,16 +362,16 @@ def test_once_committing_abort_is_refused_and_commit_is_retried_until_it_succeed
     precommit_all(ledger, sinks, e)
     sinks["files"].fail_commits = 2
     with pytest.raises(SinkCallFailed, match="stays COMMITTING"):
-        ledger.commit_epoch(P, 1, sinks)
+        Coordinator(ledger, P, sinks).commit(number=1)
     with pytest.raises(
         IllegalTransition, match=r"cannot abort epoch 1 of pipeline 'orders': it is COMMITTING"
     ):
-        ledger.abort_epoch(P, 1, sinks, "operator")
+        Coordinator(ledger, P, sinks).abort(number=1, reason="operator")
     with pytest.raises(IllegalTransition, match="cannot finish committing"):
-        ledger.finish(P, 1)
+        ledger.complete_commit(P, 1)
     with pytest.raises(SinkCallFailed):
-        ledger.recover(P, sinks)
-    report = ledger.recover(P, sinks)
+        Coordinator(ledger, P, sinks).recover()
+    report = Coordinator(ledger, P, sinks).recover()
     assert (report.epoch, report.outcome, report.participants_committed) == (1, "committed", 1)
     assert ledger.epoch(P, 1).status is EpochStatus.COMMITTED
     assert visible(sinks) == {key_of(p.committable) for p in ledger.participants(P, 1)}
@@ -384,9 +383,9 @@ def test_committing_twice_has_the_effect_of_committing_once(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
-    first = ledger.commit_epoch(P, 1, sinks)
+    first = Coordinator(ledger, P, sinks).commit(number=1)
     before = (dict(sinks["db"].visible), len(sinks["db"].calls))
-    second = ledger.commit_epoch(P, 1, sinks)
+    second = Coordinator(ledger, P, sinks).commit(number=1)
     assert first.status is second.status is EpochStatus.COMMITTED
     assert first.finished_at == second.finished_at
     assert (dict(sinks["db"].visible), len(sinks["db"].calls)) == before
@@ -399,7 +398,7 @@ def test_commit_needs_a_committer_for_every_sink_before_deciding(
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
     with pytest.raises(MissingCommitter, match="no committer for sink"):
-        ledger.commit_epoch(P, 1, {"db": sinks["db"]})
+        Coordinator(ledger, P, {"db": sinks["db"]}).commit(number=1)
     assert ledger.epoch(P, 1).status is EpochStatus.PLANNED
 
 
@@ -412,15 +411,15 @@ def test_once_aborting_commit_is_refused_abort_is_idempotent_nothing_is_visible(
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
     ledger.add_dead_letters(P, 1, [DeadLetter("in", 0, 3, b"k", b"{", "bad json")], e.attempt_token)
-    ledger.begin_abort(P, 1, "operator")
+    ledger.decide_abort(P, 1, "operator")
     with pytest.raises(IllegalTransition, match=r"it is ABORTING .*operator.*commit is refused"):
-        ledger.commit_epoch(P, 1, sinks)
-    first = ledger.abort_epoch(P, 1, sinks, "operator again")
-    second = ledger.abort_epoch(P, 1, sinks, "and again")
+        Coordinator(ledger, P, sinks).commit(number=1)
+    first = Coordinator(ledger, P, sinks).abort(number=1, reason="operator again")
+    second = Coordinator(ledger, P, sinks).abort(number=1, reason="and again")
     assert first.status is second.status is EpochStatus.ABORTED
     assert second.abort_reason == "operator"
     with pytest.raises(IllegalTransition, match="ABORTED"):
-        ledger.decide(P, 1)
+        ledger.decide_commit(P, 1)
     assert visible(sinks) == set()
     assert all(not s.staged for s in sinks.values())
     assert ledger.committed_offsets(P) == {}
@@ -432,13 +431,13 @@ def test_once_aborting_commit_is_refused_abort_is_idempotent_nothing_is_visible(
 def test_transitions_out_of_order_name_pipeline_epoch_and_status(ledger: Ledger) -> None:
     ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     with pytest.raises(IllegalTransition, match=r"epoch 1 of pipeline 'orders'.*PLANNED, not COMMITTING"):
-        ledger.finish(P, 1)
+        ledger.complete_commit(P, 1)
     with pytest.raises(IllegalTransition, match=r"epoch 1 of pipeline 'orders'.*PLANNED, not ABORTING"):
-        ledger.finish_abort(P, 1)
+        ledger.complete_abort(P, 1)
     with pytest.raises(IllegalTransition, match="PLANNED, not COMMITTING"):
         ledger.mark_committed(P, 1, "db")
     with pytest.raises(UnknownEpoch, match="pipeline 'orders' has no epoch 5"):
-        ledger.decide(P, 5)
+        ledger.decide_commit(P, 5)
 
 
 # ------------------------------------------------------------------------------------ invariant 7
@@ -450,10 +449,10 @@ def test_position_and_state_advance_only_with_committed(
     e1 = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     ledger.stage_snapshot(P, 1, "/state/e1", e1.attempt_token)
     precommit_all(ledger, sinks, e1)
-    ledger.decide(P, 1)
+    ledger.decide_commit(P, 1)
     assert ledger.committed_offsets(P) == {}
     assert ledger.latest_snapshot(P) is None
-    ledger.commit_epoch(P, 1, sinks)
+    Coordinator(ledger, P, sinks).commit(number=1)
     latest = ledger.latest_snapshot(P)
     assert latest is not None and (latest.epoch, latest.location) == (1, "/state/e1")
 
@@ -461,7 +460,7 @@ def test_position_and_state_advance_only_with_committed(
     ledger.stage_snapshot(P, 2, "/state/e2", e2.attempt_token)
     with pytest.raises(StaleAttemptToken):
         ledger.stage_snapshot(P, 2, "/state/zombie", e1.attempt_token)
-    ledger.abort_epoch(P, 2, sinks, "failed")
+    Coordinator(ledger, P, sinks).abort(number=2, reason="failed")
     assert [s.status for s in ledger.snapshots(P, 2)] == [SnapshotStatus.DISCARDED]
     latest = ledger.latest_snapshot(P)
     assert latest is not None and latest.location == "/state/e1"
@@ -479,7 +478,7 @@ def test_dead_letters_are_kept_once_and_listed_with_their_committed_epoch(
     assert ledger.add_dead_letters(P, 1, letters, e.attempt_token) == 2
     assert ledger.add_dead_letters(P, 1, letters, e.attempt_token) == 0  # a retried task
     assert ledger.dead_letters(P) == []
-    ledger.commit_epoch(P, 1, sinks)
+    Coordinator(ledger, P, sinks).commit(number=1)
     assert [d.letter for d in ledger.dead_letters(P)] == letters
 
 
@@ -493,12 +492,12 @@ def test_recover_aborts_an_undecided_epoch_and_sweeps_its_staging(
     stage(ledger, sinks, e, "db", "t0")
     # A task that staged and crashed before reporting to the ledger:
     sinks["files"].stage(Committable(P, 1, 0, "t0", "crashed", "files"))
-    report = ledger.recover(P, sinks)
+    report = Coordinator(ledger, P, sinks).recover()
     assert (report.epoch, report.outcome, report.participants_aborted) == (1, "aborted", 1)
     assert [(c.sink, c.attempt) for c in report.orphans_aborted] == [("files", "crashed")]
     assert ledger.open_epoch(P) is None
     assert all(not s.staged and not s.visible for s in sinks.values())
-    assert ledger.recover(P, sinks).outcome == "nothing in flight"
+    assert Coordinator(ledger, P, sinks).recover().outcome == "nothing in flight"
 
 
 def test_recover_finishes_an_abort_that_crashed_half_way(
@@ -507,10 +506,10 @@ def test_recover_finishes_an_abort_that_crashed_half_way(
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     stage(ledger, sinks, e, "db", "t0")
     stage(ledger, sinks, e, "files", "t0")
-    ledger.begin_abort(P, 1, "crash follows")
+    ledger.decide_abort(P, 1, "crash follows")
     sinks["db"].abort([c.committable for c in ledger.participants(P, 1) if c.sink == "db"])
     ledger.mark_aborted(P, 1, "db")
-    report = ledger.recover(P, sinks)
+    report = Coordinator(ledger, P, sinks).recover()
     assert (report.outcome, report.participants_aborted) == ("aborted", 1)
     assert ledger.epoch(P, 1).status is EpochStatus.ABORTED
     assert all(not s.staged for s in sinks.values())
@@ -526,7 +525,7 @@ def test_sweeper_rolls_back_what_the_ledger_does_not_own_and_keeps_work_in_fligh
     precommit_all(ledger, sinks, e1)
     loser = Committable(P, 1, 0, "t0", "speculative", "db")
     sinks["db"].stage(loser)
-    ledger.commit_epoch(P, 1, sinks)
+    Coordinator(ledger, P, sinks).commit(number=1)
     e2 = ledger.plan_epoch(P, ranges(5, 9), EXPECTED)
     in_flight = Committable(P, 2, 0, "t1", "a0", "db")  # staged, about to pre-commit
     unexpected = Committable(P, 2, 0, "t7", "a0", "db")
@@ -543,7 +542,7 @@ def test_sweeper_rolls_back_what_the_ledger_does_not_own_and_keeps_work_in_fligh
         classify_orphan(winner[("db", "t0")].committable, ledger.epoch(P, 1), winner[("db", "t0")])
         == "commit"
     )
-    report2 = ledger.recover(P, sinks)
+    report2 = Coordinator(ledger, P, sinks).recover()
     assert report2.outcome == "aborted"
     aborted = {key_of(c) for c in report2.orphans_aborted}
     assert aborted == {key_of(loser), key_of(in_flight), key_of(unexpected), key_of(unknown)}
@@ -556,7 +555,7 @@ def test_classify_keeps_the_winner_of_a_decided_epoch_and_drops_losers(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
-    decided = ledger.decide(P, 1)
+    decided = ledger.decide_commit(P, 1)
     w = {(p.sink, p.task): p for p in ledger.participants(P, 1)}[("db", "t1")]
     assert classify_orphan(w.committable, decided, w) == "keep"
     assert classify_orphan(Committable(P, 1, 0, "t1", "other", "db"), decided, w) == "abort"
@@ -570,7 +569,7 @@ def test_classify_keeps_the_winner_of_a_decided_epoch_and_drops_losers(
 def test_find_by_interval_and_epoch_listing(ledger: Ledger, sinks: dict[str, RecordingCommitter]) -> None:
     day = (datetime(2024, 5, 1, tzinfo=UTC), datetime(2024, 5, 2, tzinfo=UTC))
     e = ledger.plan_epoch(P, ranges(0, 5), [], run_id="scheduled__2024-05-01", data_interval=day)
-    ledger.commit_epoch(P, e.number, sinks)
+    Coordinator(ledger, P, sinks).commit(number=e.number)
     ledger.plan_epoch(P, ranges(5, 6), [])
     found = ledger.find_by_interval(P, *day)
     assert [(x.number, x.status, x.run_id) for x in found] == [
@@ -582,21 +581,14 @@ def test_find_by_interval_and_epoch_listing(ledger: Ledger, sinks: dict[str, Rec
     assert ledger.sinks(P) == [] and ledger.pipelines() == [P]
 
 
-def test_committer_provider_comes_from_the_environment_or_the_hook() -> None:
-    with pytest.raises(MissingCommitter, match="ONCEFLOW_COMMITTER_PROVIDER"):
-        committer_provider({})
+def test_pipelines_are_found_by_name_in_onceflow_pipelines() -> None:
+    from onceflow.catalog import find_pipeline
+
+    with pytest.raises(ConfigError, match="ONCEFLOW_PIPELINES is not set"):
+        find_pipeline("orders", {})
     with pytest.raises(ConfigError, match="cannot import"):
-        committer_provider({"ONCEFLOW_COMMITTER_PROVIDER": "no_such_module_x:f"})
-    provider = committer_provider(
-        {"ONCEFLOW_COMMITTER_PROVIDER": "onceflow.ledger.testing:RecordingCommitter"}
-    )
-    assert provider is RecordingCommitter
-
-    def hook(pipeline: str, sink: str) -> RecordingCommitter:
-        return RecordingCommitter()
-
-    set_committer_provider(hook)
-    try:
-        assert committer_provider({}) is hook
-    finally:
-        set_committer_provider(None)
+        find_pipeline("orders", {"ONCEFLOW_PIPELINES": "no_such_module_x:f"})
+    found = find_pipeline("orders", {"ONCEFLOW_PIPELINES": "examples.orders.pipeline:ORDERS"})
+    assert found.name == "orders"
+    with pytest.raises(ConfigError, match=r"'nosuch' is not among .* \(it lists: orders\)"):
+        find_pipeline("nosuch", {"ONCEFLOW_PIPELINES": "examples.orders.pipeline:ORDERS"})

@@ -25,6 +25,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import text
 
+from onceflow.coordinator import Coordinator
 from onceflow.ledger import (
     EpochInFlight,
     EpochNotPlanned,
@@ -38,9 +39,9 @@ from onceflow.ledger import (
     StaleAttemptToken,
     UnexpectedParticipant,
 )
-from onceflow.ledger.testing import RecordingCommitter, key_of
 from onceflow.offsets import OffsetRange
 from onceflow.sinks.base import Committable
+from onceflow.testing import RecordingCommitter, key_of
 
 TOPIC = "in"
 PARTITIONS = (0, 1)
@@ -204,12 +205,12 @@ class LedgerMachine(RuleBasedStateMachine):
         assert e is not None
         if e.status in ("ABORTING", "ABORTED"):
             with pytest.raises(IllegalTransition):
-                self.ledger.decide(self.p, e.number)
+                self.ledger.decide_commit(self.p, e.number)
         elif e.status == "PLANNED" and not self.ready(e):
             with pytest.raises(ParticipantsMissing):
-                self.ledger.decide(self.p, e.number)
+                self.ledger.decide_commit(self.p, e.number)
         else:
-            self.ledger.decide(self.p, e.number)
+            self.ledger.decide_commit(self.p, e.number)
             if e.status == "PLANNED":
                 e.status = "COMMITTING"
 
@@ -220,19 +221,22 @@ class LedgerMachine(RuleBasedStateMachine):
         assert e is not None
         if e.status in ("ABORTING", "ABORTED"):
             with pytest.raises(IllegalTransition):
-                self.ledger.commit_epoch(self.p, e.number, self.sinks)
+                Coordinator(self.ledger, self.p, self.sinks).commit(number=e.number)
         elif e.status == "PLANNED" and not self.ready(e):
             with pytest.raises(ParticipantsMissing):
-                self.ledger.commit_epoch(self.p, e.number, self.sinks)
+                Coordinator(self.ledger, self.p, self.sinks).commit(number=e.number)
         elif crash_after_first_sink and e.status != "COMMITTED":
             # The coordinator dies after deciding and committing one sink's output, before marking it.
-            self.ledger.decide(self.p, e.number)
+            self.ledger.decide_commit(self.p, e.number)
             e.status = "COMMITTING"
             first = sorted({s for s, _ in e.expected})[0]
             parts = [p.committable for p in self.ledger.participants(self.p, e.number) if p.sink == first]
             self.sinks[first].commit(parts)
         else:
-            assert self.ledger.commit_epoch(self.p, e.number, self.sinks).status is EpochStatus.COMMITTED
+            assert (
+                Coordinator(self.ledger, self.p, self.sinks).commit(number=e.number).status
+                is EpochStatus.COMMITTED
+            )
             self.apply_commit_outcome(e)
 
     @precondition(lambda self: self.last is not None)
@@ -242,15 +246,16 @@ class LedgerMachine(RuleBasedStateMachine):
         assert e is not None
         if e.status in ("COMMITTING", "COMMITTED"):
             with pytest.raises(IllegalTransition):
-                self.ledger.abort_epoch(self.p, e.number, self.sinks, "random abort")
+                Coordinator(self.ledger, self.p, self.sinks).abort(number=e.number, reason="random abort")
             with pytest.raises(IllegalTransition):
-                self.ledger.begin_abort(self.p, e.number, "random abort")
+                self.ledger.decide_abort(self.p, e.number, "random abort")
         elif crash_before_rollback and e.status != "ABORTED":
-            self.ledger.begin_abort(self.p, e.number, "crash follows")
+            self.ledger.decide_abort(self.p, e.number, "crash follows")
             e.status = "ABORTING"
         else:
             assert (
-                self.ledger.abort_epoch(self.p, e.number, self.sinks, "random").status is EpochStatus.ABORTED
+                Coordinator(self.ledger, self.p, self.sinks).abort(number=e.number, reason="random").status
+                is EpochStatus.ABORTED
             )
             e.status = "ABORTED"
 
@@ -264,7 +269,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def recover(self) -> None:
         e = self.open
-        report = self.ledger.recover(self.p, self.sinks)
+        report = Coordinator(self.ledger, self.p, self.sinks).recover()
         if e is None:
             assert report.epoch is None
         elif e.status == "COMMITTING":

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 from examples.orders.data import make_orders, produce
+from local_stack.local_airflow import migrate
 
 from onceflow.ledger import EpochStatus, Ledger
-from onceflow.local_airflow import migrate
 from tests.integration.airflow.helpers import airflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -47,7 +47,7 @@ def test_clear_commit_after_outage_clear_abort_and_dry_run(orders_stack, setting
     produce(settings.kafka_bootstrap, stack.topic, first.records)
 
     # A dry run prints the ranges and leaves nothing in the ledger.
-    log = dags_test(stack.env, DAG, conf={"dry_run": True})
+    log = dags_test(stack.env, DAG, conf={"preview": True})
     assert any("dry run" in line and "would read" in line for line in onceflow_lines(log)), log[-3000:]
     assert epochs(stack.ledger_url, stack.pipeline) == []
 

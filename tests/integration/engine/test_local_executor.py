@@ -107,3 +107,31 @@ def test_a_rerun_interval_is_a_no_op_or_with_on_rerun_replace_replaces_its_outpu
         assert pg_ids(pg_connect, table) == ids
     finally:
         pg_connect(autocommit=True).execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def test_a_slice_opens_one_ledger_connection_whatever_its_tasks_and_sinks(
+    stack, settings, monkeypatch
+) -> None:
+    """N tasks x S sinks report through the driver: one connection, not one per task and sink."""
+    from onceflow.coordinator import Coordinator
+    from onceflow.engine.local_slice import run_slice_local
+    from onceflow.pipeline import load_pipeline
+
+    produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(0, 30), bad=[b"{"])
+    spec = load_pipeline(REPLICATE)
+    settings_now = Settings.from_env()
+    with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
+        planned = Coordinator.for_pipeline(spec, ledger, settings_now).plan(run_id="count-connections")
+    assert planned.epoch is not None and planned.attempt_token is not None
+    opened: list[str] = []
+    connect = Ledger.connect.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[Ledger], url: str, **kwargs: object) -> Ledger:
+        opened.append(url)
+        return connect(cls, url, **kwargs)
+
+    monkeypatch.setattr(Ledger, "connect", classmethod(counting))
+    summary = run_slice_local(spec, planned.epoch, 0, planned.attempt_token, settings_now)
+    tasks, sinks = summary["tasks"], len(spec.sinks)
+    assert tasks >= 2 and sinks == 2 and len(summary["results"]) == tasks * sinks
+    assert len(opened) == 1

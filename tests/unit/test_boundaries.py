@@ -1,0 +1,59 @@
+"""The architecture's boundaries, checked in fresh interpreters: what each side may import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+EXECUTOR_SIDE = [
+    "onceflow.executor.reading",
+    "onceflow.executor.writing",
+    "onceflow.executor.slices",
+    "onceflow.executor.arrow_rows",
+    *(
+        f"onceflow.sinks.{kind}"
+        for kind in ("files", "kafka", "plain", "postgres_2pc", "postgres_upsert", "wal")
+    ),
+]
+
+
+def imported_after(*modules: str) -> list[str]:
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted(n for n in sys.modules if n.startswith('onceflow'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return list(json.loads(done.stdout))
+
+
+def test_the_executor_side_imports_nothing_of_the_ledger_or_the_coordinator() -> None:
+    loaded = imported_after(*EXECUTOR_SIDE)
+    assert "onceflow.executor.writing" in loaded  # the check saw the modules it is about
+    assert [
+        m for m in loaded if m.startswith(("onceflow.ledger", "onceflow.coordinator", "onceflow.decisions"))
+    ] == []
+
+
+def test_the_ledger_imports_no_coordinator_committer_or_concrete_sink() -> None:
+    loaded = imported_after("onceflow.ledger", "onceflow.ledger.ledger", "onceflow.ledger.schema")
+    assert "onceflow.ledger.ledger" in loaded
+    forbidden = [
+        m
+        for m in loaded
+        if m.startswith(("onceflow.coordinator", "onceflow.executor", "onceflow.engine", "onceflow.sinks"))
+    ]
+    assert forbidden == []
+
+
+def test_the_environment_variable_of_pipelines_is_read_in_one_module() -> None:
+    from pathlib import Path
+
+    import onceflow
+
+    root = Path(onceflow.__file__).parent
+    readers = sorted(
+        str(p.relative_to(root)) for p in root.rglob("*.py") if '"ONCEFLOW_PIPELINES"' in p.read_text()
+    )
+    assert readers == ["catalog.py"]
