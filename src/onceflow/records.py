@@ -8,6 +8,7 @@ and a detail for the person who has to fix the producer.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -61,6 +62,32 @@ class DeadLetter:
     @property
     def code(self) -> str:
         return self.reason.partition(":")[0]
+
+    def to_json(self) -> str:
+        """The letter as JSON (bytes in base64), to travel from a Spark task to its driver."""
+        return json.dumps(
+            {
+                "topic": self.topic,
+                "partition": self.partition,
+                "offset": self.offset,
+                "key": None if self.key is None else base64.b64encode(self.key).decode(),
+                "value": None if self.value is None else base64.b64encode(self.value).decode(),
+                "reason": self.reason,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> DeadLetter:
+        data = json.loads(text)
+        key, value = data["key"], data["value"]
+        return cls(
+            data["topic"],
+            int(data["partition"]),
+            int(data["offset"]),
+            None if key is None else base64.b64decode(key),
+            None if value is None else base64.b64decode(value),
+            data["reason"],
+        )
 
 
 @dataclass
