@@ -132,6 +132,9 @@ def test_a_slice_opens_one_ledger_connection_whatever_its_tasks_and_sinks(
 
     monkeypatch.setattr(Ledger, "connect", classmethod(counting))
     summary = run_slice_local(spec, planned.epoch, 0, planned.attempt_token, settings_now)
+    monkeypatch.undo()
     tasks, sinks = summary["tasks"], len(spec.sinks)
     assert tasks >= 2 and sinks == 2 and len(summary["results"]) == tasks * sinks
     assert len(opened) == 1
+    with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:  # release the prepared transactions
+        Coordinator.for_pipeline(spec, ledger, settings_now).abort(number=planned.epoch, reason="test done")
