@@ -124,13 +124,13 @@ def _cmd_epochs(ledger: Ledger, args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         ranges = " ".join(f"{r['topic']}[{r['partition']}]@[{r['from']},{r['until']})" for r in row["ranges"])
-        done = sum(p["status"] != "ABORTED" for p in row["participants"])
+        done = len(row["participants"])  # registered pre-commits, whatever became of them since
         times = " ".join(
             f"{key}={row[key + '_at']}" for key in ("planned", "decided", "finished") if row[key + "_at"]
         )
         reason = f" reason={row['abort_reason']!r}" if row["abort_reason"] else ""
         print(
-            f"{row['epoch']:>6} {row['status']:<10} participants {done}/{row['expected_participants']} "
+            f"{row['epoch']:>6} {row['status']:<10} pre-committed {done}/{row['expected_participants']} "
             f"{ranges or '(no input)'} {times}{reason}"
         )
     return 0

@@ -138,3 +138,35 @@ def test_a_slice_opens_one_ledger_connection_whatever_its_tasks_and_sinks(
     assert len(opened) == 1
     with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:  # release the prepared transactions
         Coordinator.for_pipeline(spec, ledger, settings_now).abort(number=planned.epoch, reason="test done")
+
+
+def test_onceflow_run_catches_up_with_a_progress_line_per_epoch(stack, settings, pg_connect) -> None:
+    import os
+    import subprocess
+    import sys
+
+    produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(0, 30))
+    onceflow = str(Path(sys.executable).with_name("onceflow"))
+    env = {**os.environ, "ONCEFLOW_PIPELINES": REPLICATE}
+    name = f"{stack['ONCEFLOW_TEST_PIPELINE']}-replica"
+    done = subprocess.run(
+        [
+            onceflow,
+            "run",
+            name,
+            "--until-caught-up",
+            "--max-records-per-partition",
+            "4",
+            "--executor",
+            "local",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(progress) >= 3 and all("/s)" in line and "left" in line for line in progress), done.stdout
+    assert progress[-1].endswith(", 0 left")
+    assert pg_ids(pg_connect, stack["ONCEFLOW_TEST_TABLE"]) == sorted(o["id"] for o in orders(0, 30))
