@@ -147,7 +147,8 @@ def test_onceflow_run_catches_up_with_a_progress_line_per_epoch(stack, settings,
 
     produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(0, 30))
     onceflow = str(Path(sys.executable).with_name("onceflow"))
-    env = {**os.environ, "ONCEFLOW_PIPELINES": REPLICATE}
+    root = str(Path(__file__).resolve().parents[3])  # the pipeline module lives in the tests package
+    env = {**os.environ, "ONCEFLOW_PIPELINES": REPLICATE, "PYTHONPATH": root}
     name = f"{stack['ONCEFLOW_TEST_PIPELINE']}-replica"
     done = subprocess.run(
         [
