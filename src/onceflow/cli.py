@@ -6,34 +6,47 @@ ONCEFLOW_PIPELINES (``module:attribute,...``). Every one of them goes through th
 the Airflow tasks, so a refusal reads the same whichever door was used.
 
 Exit status: 0 done (also when there was nothing to do), 1 error, 2 bad usage, 3 refused because the
-protocol's invariants forbid it (e.g. aborting an epoch that is already COMMITTING).
+protocol's invariants forbid it (e.g. aborting an epoch that is already COMMITTING), 130 interrupted.
+Every failure is one line on stderr; ``--debug`` (or ONCEFLOW_DEBUG=1) adds the traceback and the Kafka
+client's own log lines.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from onceflow import dead_letters, topics
 from onceflow.config import Settings
-from onceflow.errors import OnceflowError
+from onceflow.errors import OnceflowError, debug_enabled, one_line
+from onceflow.kafka_clients import LOGGER_NAME
 
 if TYPE_CHECKING:
     from onceflow.coordinator import Coordinator
     from onceflow.ledger import Epoch, Ledger
+    from onceflow.pipeline import Pipeline
 
 EXIT_ERROR = 1
 EXIT_REFUSED = 3
+EXIT_INTERRUPTED = 130
 KAFKA_TIMEOUT_S = 3.0
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onceflow", description=__doc__.splitlines()[0])
     parser.add_argument("--ledger-url", help="SQLAlchemy URL of the ledger (default: ONCEFLOW_LEDGER_URL)")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="tracebacks and Kafka client logs (or ONCEFLOW_DEBUG=1)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     db = sub.add_parser("db", help="ledger database maintenance")
@@ -77,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     abort.add_argument("pipeline")
     abort.add_argument("epoch", type=int)
     abort.add_argument("--reason", default=None, help="recorded as the abort reason (default: who aborted)")
+
+    dead_letters.add_parser(sub)
+    topics.add_parser(sub)
     return parser
 
 
@@ -115,6 +131,9 @@ def _epoch_dict(ledger: Ledger, epoch: Epoch) -> dict[str, Any]:
 
 
 def _cmd_epochs(ledger: Ledger, args: argparse.Namespace) -> int:
+    from onceflow.catalog import known_pipeline
+
+    known_pipeline(ledger, args.pipeline)
     rows = [_epoch_dict(ledger, e) for e in ledger.epochs(args.pipeline, last=args.last)]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -136,49 +155,50 @@ def _cmd_epochs(ledger: Ledger, args: argparse.Namespace) -> int:
     return 0
 
 
-def _high_watermarks(bootstrap: str, partitions: Sequence[tuple[str, int]], timeout: float) -> dict[Any, int]:
-    from confluent_kafka import Consumer, TopicPartition
+def _backlog(
+    spec: Pipeline | None, committed: dict[Any, int], bootstrap: str, timeout: float
+) -> dict[Any, Any]:
+    """Each partition's next offset to read and its last stable offset, as the next plan would see them:
+    every partition of the spec's topics, also those with nothing committed yet (or, without a spec,
+    the partitions the ledger has positions for)."""
+    from dataclasses import replace
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "onceflow-cli-status",
-            "enable.auto.commit": False,
-            "socket.timeout.ms": int(timeout * 1000),
-            "log_level": 0,
-        }
-    )
-    try:
-        return {
-            (topic, part): int(
-                consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=timeout)[1]
-            )
-            for topic, part in partitions
-        }
-    finally:
-        consumer.close()
+    from onceflow.pipeline import KafkaSource
+    from onceflow.sources.kafka_metadata import KafkaMetadata
+
+    topics = tuple(sorted({*(spec.source.topics if spec is not None else ()), *(t for t, _ in committed)}))
+    source = replace(spec.source, topics=topics) if spec is not None else KafkaSource(topics=topics)
+    with KafkaMetadata(bootstrap, timeout_s=timeout) as metadata:
+        plan = metadata.plan(source, committed, max_records_per_partition=2**62)
+    return {(r.topic, r.partition): (r.from_offset, r.until_offset) for r in plan.ranges}
 
 
 def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+    from onceflow.catalog import known_pipeline
+
+    spec = known_pipeline(ledger, args.pipeline)
     committed = ledger.committed_offsets(args.pipeline)
     in_flight = ledger.open_epoch(args.pipeline)
     kafka = "ok"
-    high: dict[Any, int] = {}
-    if committed:
+    backlog: dict[Any, Any] = {}
+    if committed or spec is not None:
         try:
             bootstrap = (settings or Settings.from_env()).kafka_bootstrap
-            high = _high_watermarks(bootstrap, sorted(committed), args.kafka_timeout)
-        except Exception as exc:  # any failure to reach Kafka only costs the lag column
-            kafka = f"Kafka unreachable ({exc})"
+            backlog = _backlog(spec, committed, bootstrap, args.kafka_timeout)
+        except OnceflowError as exc:  # Kafka out of reach only costs the lag column
+            kafka = f"lag unknown: {exc}"
+    keys = sorted({*committed, *backlog})
     positions = [
         {
             "topic": topic,
             "partition": part,
-            "committed": offset,
-            "high_watermark": high.get((topic, part)),
-            "lag": None if (topic, part) not in high else max(high[(topic, part)] - offset, 0),
+            "committed": committed.get((topic, part)),
+            "last_stable_offset": backlog[(topic, part)][1] if (topic, part) in backlog else None,
+            "lag": backlog[(topic, part)][1] - backlog[(topic, part)][0]
+            if (topic, part) in backlog
+            else None,
         }
-        for (topic, part), offset in sorted(committed.items())
+        for topic, part in keys
     ]
     result = {
         "pipeline": args.pipeline,
@@ -190,11 +210,12 @@ def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | N
         print(json.dumps(result, indent=2))
         return 0
     print(f"pipeline {args.pipeline!r}")
-    if not positions:
+    if not committed:
         print("  nothing committed yet")
     for p in positions:
         lag = "lag ?" if p["lag"] is None else f"lag {p['lag']}"
-        print(f"  {p['topic']}[{p['partition']}] committed {p['committed']} {lag}")
+        where = "not started" if p["committed"] is None else f"committed {p['committed']}"
+        print(f"  {p['topic']}[{p['partition']}] {where} {lag}")
     if kafka != "ok":
         print(f"  {kafka}")
     if in_flight is None:
@@ -283,7 +304,11 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "run":
         base = settings or Settings.from_env()
         return _cmd_run(args, Settings(base.home, base.kafka_bootstrap, base.pg_dsn, url, base.lease_s))
+    if args.command == "topics":
+        return topics.run(args, settings or Settings.from_env())
     with Ledger.connect(url) as ledger:
+        if args.command == "dead-letters":
+            return dead_letters.run(ledger, args)
         if args.command == "epochs":
             return _cmd_epochs(ledger, args)
         if args.command == "status":
@@ -293,17 +318,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every failure is one line on stderr (a traceback only with --debug)."""
     from onceflow.ledger.errors import IllegalTransition, PrecommitRefused
 
     args = _parser().parse_args(argv)
+    debug = args.debug or debug_enabled()
+    if debug:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger(LOGGER_NAME).setLevel(logging.DEBUG)
     try:
         return run(args)
     except (IllegalTransition, PrecommitRefused) as exc:
-        print(f"onceflow: refused: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
+        line = one_line(exc)  # the coordinator's refusals already begin with "commit refused: ..."
+        return _fail(line if " refused: " in line[:20] else f"refused: {line}", EXIT_REFUSED, debug)
     except OnceflowError as exc:
-        print(f"onceflow: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(f"error: {one_line(exc)}", EXIT_ERROR, debug)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED, debug)
+    except Exception as exc:  # not raised on purpose: still one line, with the way to the traceback
+        hint = "" if debug else " (run with --debug for the traceback)"
+        return _fail(f"error: unexpected {type(exc).__name__}: {one_line(exc)}{hint}", EXIT_ERROR, debug)
+
+
+def _fail(line: str, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"onceflow: {line}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from onceflow.engine.planning import (
     run_plan_checks,
     slices_of,
 )
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, one_line
 from onceflow.faults import crash_point
 from onceflow.ledger import (
     Epoch,
@@ -291,7 +291,8 @@ class Coordinator:
             (committer.commit if action == "commit" else committer.abort)(committables)
         except Exception as exc:
             raise SinkCallFailed(
-                f"{epoch}: {action} of {len(committables)} committable(s) of sink {sink!r} failed ({exc!r}); "
+                f"{epoch}: {action} of {len(committables)} committable(s) of sink {sink!r} failed "
+                f"({type(exc).__name__}: {one_line(exc)}); "
                 f"the epoch stays {epoch.status} and the {action} is retried by the next commit, abort or "
                 "recover"
             ) from exc
@@ -335,7 +336,6 @@ class Coordinator:
         spec, settings = self._need_spec("preview")
         from onceflow.sources.kafka_metadata import KafkaMetadata
 
-        run_plan_checks(spec, settings)
         committed = self.ledger.committed_offsets(spec.name)
         interval_end_ms = int(data_interval[1].timestamp() * 1000) if data_interval else None
         with KafkaMetadata(settings.kafka_bootstrap) as metadata:
@@ -345,7 +345,9 @@ class Coordinator:
                 max_records_per_partition=max_records_per_partition or spec.max_records_per_partition,
                 interval_end_ms=interval_end_ms,
             )
-        return plan, slices_of(spec, plan.ranges)
+        slices = slices_of(spec, plan.ranges)
+        run_plan_checks(spec, settings, parallel_tasks=sum(len(s.tasks) for s in slices))
+        return plan, slices
 
     def plan(
         self,
@@ -361,8 +363,9 @@ class Coordinator:
         1. Ask the ledger about this run's own epoch, its data interval and the epoch in flight, and
            decide (`decisions.decide_plan`): reuse, replace, nothing to do, wait for a live owner, or plan.
         2. Preview: print the ranges the epoch would read; the ledger is not touched (a dry run).
-        3. Check the spec against its sinks (guarantee, sink kinds' plan-time checks).
-        4. Read the committed positions and Kafka's offsets, and bound the ranges by the data interval.
+        3. Read the committed positions and Kafka's offsets, and bound the ranges by the data interval.
+        4. Check the spec against its sinks for the epoch's tasks (guarantee, transform importable, sink
+           kinds' plan-time checks such as PostgreSQL's room for prepared transactions).
         5. Record the ranges, the participants and the owner's lease in the ledger: from here on the
            epoch is durable (like Spark's offset log, before anything runs). An at-most-once epoch is
            committed right away (its position moves before processing).
@@ -748,8 +751,8 @@ class Coordinator:
     ) -> RecoveryReport:
         # 1.
         found: dict[tuple[int, str, str, str], tuple[Committable, SinkCommitter]] = {}
-        for _, committer in sorted(self.committers.items()):
-            for orphan in committer.orphans(self.pipeline):
+        for sink, committer in sorted(self.committers.items()):
+            for orphan in self._orphans(sink, committer):
                 if only_epoch is not None and (
                     orphan.epoch != only_epoch or orphan.task not in (tasks or ())
                 ):
@@ -791,6 +794,16 @@ class Coordinator:
             orphans_recommitted=tuple(c for c, _ in actions["commit"]),
             orphans_kept=tuple(c for c, _ in actions["keep"]),
         )
+
+    def _orphans(self, sink: str, committer: SinkCommitter) -> list[Committable]:
+        try:
+            return list(committer.orphans(self.pipeline))
+        except Exception as exc:
+            raise SinkCallFailed(
+                f"pipeline {self.pipeline!r}: the sweep could not list the staged work of sink {sink!r} "
+                f"({type(exc).__name__}: {one_line(exc)}); nothing was changed: check that the sink's "
+                "service is reachable, then run again"
+            ) from exc
 
     # ----------------------------------------------------------------------------------- report
 

@@ -1,4 +1,14 @@
-"""Errors that onceflow raises on purpose: each says what is wrong and what to do about it."""
+"""Errors that onceflow raises on purpose: each says what is wrong and what to do about it.
+
+Every door (CLI, runner, Airflow task) shows an error as one line; the traceback is for ``--debug`` or
+``ONCEFLOW_DEBUG=1`` only, because the line already names the setting or file to fix.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEBUG_ENV = "ONCEFLOW_DEBUG"
 
 
 class OnceflowError(Exception):
@@ -11,3 +21,15 @@ class ConfigError(OnceflowError):
 
 class ServiceUnavailable(OnceflowError):
     """A required service (Kafka, PostgreSQL, the ledger) did not answer."""
+
+
+def debug_enabled() -> bool:
+    """True when ONCEFLOW_DEBUG asks for tracebacks and the Kafka client's own log lines."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line: a driver's multi-line message (psycopg's hints, librdkafka's detail) joined
+    with '; ' and runs of whitespace collapsed."""
+    lines = [" ".join(line.split()) for line in str(text).splitlines()]
+    return "; ".join(line for line in lines if line)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias, cast
 
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, one_line
 
 Guarantee: TypeAlias = Literal["exactly_once", "at_least_once", "at_most_once"]
 OnMissingOffsets: TypeAlias = Literal["fail", "skip"]
@@ -79,13 +80,32 @@ def import_dotted(path: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"{path!r}: cannot import module {module_name!r} ({exc})") from exc
+        raise ConfigError(
+            f"{path!r}: cannot import module {module_name!r} ({exc}); is its folder on PYTHONPATH?"
+        ) from exc
+    except SyntaxError as exc:
+        raise ConfigError(
+            f"{path!r}: module {module_name!r} has a syntax error at {exc.filename}:{exc.lineno}: {exc.msg}"
+        ) from exc
+    except Exception as exc:  # the module itself raised while being imported
+        raise ConfigError(
+            f"{path!r}: importing module {module_name!r} raised {type(exc).__name__}: {one_line(exc)} "
+            f"(at {raised_at(exc)})"
+        ) from exc
     for attr in attr_path.split("."):
         try:
             obj = getattr(obj, attr)
         except AttributeError as exc:
             raise ConfigError(f"{path!r}: {module_name!r} has no attribute {attr_path!r}") from exc
     return obj
+
+
+def raised_at(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of ``exc``'s traceback outside the import machinery: the
+    line of the user's code that raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if "importlib" not in f.filename] or frames
+    return f"{own[-1].filename}:{own[-1].lineno}" if own else "an unknown place"
 
 
 @dataclass(frozen=True)

@@ -182,17 +182,64 @@ def test_status_reports_position_epoch_in_flight_and_lag(
     Coordinator(ledger, P, {}).commit(number=e1.number)
     ledger.plan_epoch(P, [OffsetRange(topic, 0, 3, 4)], [])
 
-    done = cli("status", P, "--json")
+    # The ledger knows the pipeline; without its spec, status reads the partitions it has positions for.
+    done = cli("status", P, "--json", ONCEFLOW_PIPELINES="")
     assert done.returncode == 0, done.stderr
     status = json.loads(done.stdout)
     assert status["kafka"] == "ok"
-    assert [(p["partition"], p["committed"], p["high_watermark"], p["lag"]) for p in status["positions"]] == [
-        (0, 3, 4, 1),
-        (1, 1, 1, 0),
+    positions = [
+        (p["partition"], p["committed"], p["last_stable_offset"], p["lag"]) for p in status["positions"]
     ]
+    assert positions == [(0, 3, 4, 1), (1, 1, 1, 0)]
     assert (status["in_flight"]["epoch"], status["in_flight"]["status"]) == (2, "PLANNED")
 
-    down = cli("status", P, "--kafka-timeout", "1", ONCEFLOW_KAFKA_BOOTSTRAP="127.0.0.1:1")
+    down = cli(
+        "status", P, "--kafka-timeout", "1", ONCEFLOW_KAFKA_BOOTSTRAP="127.0.0.1:1", ONCEFLOW_PIPELINES=""
+    )
     assert down.returncode == 0, down.stderr
-    assert "Kafka unreachable" in down.stdout
+    assert "lag unknown: Kafka at 127.0.0.1:1 did not answer" in down.stdout
     assert f"{topic}[0] committed 3 lag ?" in down.stdout
+
+
+def test_status_counts_lag_to_the_last_stable_offset_on_every_partition_of_a_new_pipeline(
+    tmp_path: Path,
+    settings: Settings,
+    make_topic: Callable[..., str],
+    ledger: Ledger,
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """Records waiting on a partition nothing was committed for are lag; records of a transaction that
+    is still open are not (a read_committed epoch cannot read them yet)."""
+    import uuid
+
+    from confluent_kafka import Producer
+
+    topic = make_topic("cli-lag", partitions=2)
+    committed = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for _ in range(3):
+        committed.produce(topic, value=b"x", partition=0)
+    assert committed.flush(30) == 0
+    open_txn = Producer({"bootstrap.servers": settings.kafka_bootstrap, "transactional.id": uuid.uuid4().hex})
+    open_txn.init_transactions(30)
+    open_txn.begin_transaction()
+    for _ in range(4):
+        open_txn.produce(topic, value=b"y", partition=1)
+    assert open_txn.flush(30) == 0  # written to the log, transaction still open
+    try:
+        spec = f"{__name__}:LAGGING"
+        done = cli("status", "lagging", "--json", ONCEFLOW_PIPELINES=spec, ONCEFLOW_TEST_LAG_TOPIC=topic)
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout)
+        positions = [(p["partition"], p["committed"], p["lag"]) for p in status["positions"]]
+        assert positions == [(0, None, 3), (1, None, 0)]
+    finally:
+        open_txn.abort_transaction(30)
+
+
+# A pipeline nothing was committed for yet; the console script imports it with the test's topic.
+LAGGING = Pipeline(
+    "lagging",
+    KafkaSource((os.environ.get("ONCEFLOW_TEST_LAG_TOPIC", "lag"),)),
+    JsonFormat({"n": "int"}),
+    (SinkSpec("db", "onceflow.testing:RECORDING_KIND", {"dir": "/nowhere"}),),
+)

@@ -75,18 +75,22 @@ def check_guarantee(spec: Pipeline) -> None:
             )
 
 
-def run_plan_checks(spec: Pipeline, settings: Settings | None = None) -> None:
-    """Every check made before an epoch is planned: the guarantee, then each sink kind's own checks
-    (given all the pipeline's sinks of that kind and the parallel tasks of one epoch)."""
+def run_plan_checks(
+    spec: Pipeline, settings: Settings | None = None, parallel_tasks: int | None = None
+) -> None:
+    """Every check made before an epoch is planned: the guarantee, the transform importable, then each
+    sink kind's own checks, given the configs of all the pipeline's sinks of that kind and how many tasks
+    of one epoch write to each (``parallel_tasks``: the epoch's read tasks once its ranges are known)."""
     check_guarantee(spec)
-    parallel = max(spec.slices, 1)
+    if spec.transform is not None:
+        spec.load_transform()  # a transform that cannot be imported fails now, not inside Spark
+    parallel = max(spec.slices, 1) if parallel_tasks is None else parallel_tasks
     by_kind: dict[str, list[SinkSpec]] = {}
     for sink in spec.sinks:
         by_kind.setdefault(sink.kind, []).append(sink)
-    for kind, sinks in sorted(by_kind.items()):
-        sink_kind(kind).plan_checks(spec, sinks, parallel)
-    if spec.transform is not None:
-        spec.load_transform()  # a transform that cannot be imported fails now, not inside Spark
+    for name, sinks in sorted(by_kind.items()):
+        kind = sink_kind(name)
+        kind.plan_checks(spec, [kind.config_for(sink, settings) for sink in sinks], parallel)
 
 
 def replaced_epochs(spec: Pipeline, ledger: Ledger, epoch: Epoch) -> tuple[int, ...]:

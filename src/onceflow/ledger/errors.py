@@ -6,11 +6,15 @@ Callers branch on the class (a DAG task turns `IllegalTransition` into a clear r
 
 from __future__ import annotations
 
-from onceflow.errors import OnceflowError
+from onceflow.errors import OnceflowError, ServiceUnavailable
 
 
 class LedgerError(OnceflowError):
     """Base of every error the ledger raises on purpose."""
+
+
+class LedgerUnavailable(LedgerError, ServiceUnavailable):
+    """The ledger's database could not be opened: server down, database missing, bad credentials."""
 
 
 class SchemaMismatch(LedgerError):

@@ -95,6 +95,11 @@ class Ledger:
     def connect(cls, url: str, *, check: bool = True) -> Ledger:
         """Open the ledger at ``url``; unless ``check`` is False, require the schema to be at head."""
         ledger = cls(schema.make_engine(url))
+        try:
+            schema.probe(ledger.engine)
+        except BaseException:
+            ledger.close()
+            raise
         if check:
             try:
                 schema.check_schema(ledger.engine)

@@ -17,10 +17,10 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from onceflow.errors import ConfigError
-from onceflow.ledger.errors import SchemaMismatch
+from onceflow.errors import ConfigError, one_line
+from onceflow.ledger.errors import LedgerUnavailable, SchemaMismatch
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -47,7 +47,14 @@ def make_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         return create_engine(parsed, pool_pre_ping=True)
     if parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(parsed.database).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerUnavailable(
+                f"cannot create the folder {folder} of the SQLite ledger {parsed.database} ({exc.strerror}): "
+                "check ONCEFLOW_LEDGER_URL (or ONCEFLOW_HOME, where the default ledger lives)"
+            ) from exc
     engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")
@@ -65,6 +72,21 @@ def make_engine(url: str) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def probe(engine: Engine) -> None:
+    """Open one connection now, so that an unreachable or missing database is one clear line here and
+    not a driver traceback from the first query."""
+    try:
+        with engine.connect():
+            pass
+    except DBAPIError as exc:
+        where = engine.url.render_as_string(hide_password=True)
+        raise LedgerUnavailable(
+            f"cannot open the ledger at {where} ({one_line(exc.orig)}): check ONCEFLOW_LEDGER_URL (or "
+            "--ledger-url, or the onceflow_ledger connection) and that its database server is running and "
+            "the database exists"
+        ) from exc
 
 
 def _alembic_config(connection: Connection) -> Config:

@@ -15,6 +15,7 @@ from onceflow.errors import ConfigError
 from onceflow.sinks._config import ConfigReader, default_pg_dsn
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import RowError
+from onceflow.sinks.registry import SinkSetting
 
 if TYPE_CHECKING:
     import psycopg
@@ -52,6 +53,32 @@ class PgTableConfig:
     @property
     def column_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.columns)
+
+
+# The keys `PgTableConfig.read` takes, shared by every PostgreSQL sink kind's `SinkKind.settings`.
+PG_TABLE_SETTINGS: tuple[SinkSetting, ...] = (
+    SinkSetting(
+        "dsn",
+        "string",
+        "PostgreSQL URL (`postgresql://user:pw@host:port/db`) of the database that holds the table",
+        default_from="`ONCEFLOW_PG_DSN` (in Airflow: the `onceflow_postgres` connection)",
+    ),
+    SinkSetting("table", "string", "target table, `name` or `schema.name`", required=True),
+    SinkSetting(
+        "columns",
+        "columns",
+        "the table's columns in order, `{name: SQL type}`; rows must have exactly these columns",
+        required=True,
+    ),
+    SinkSetting("create_table", "boolean", "create the table if it is missing, before writing", default=True),
+    SinkSetting(
+        "batch_size",
+        "integer",
+        "rows per write batch (`plain`, `postgres_upsert`, `wal`; `postgres_2pc` writes in one COPY)",
+        default=1000,
+        minimum=1,
+    ),
+)
 
 
 def table_identifier(name: str) -> sql.Composable:

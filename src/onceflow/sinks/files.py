@@ -36,7 +36,7 @@ from onceflow.sinks.errors import (
     StagedOutputLost,
     WriterStateError,
 )
-from onceflow.sinks.registry import SinkKind
+from onceflow.sinks.registry import SinkKind, SinkSetting
 from onceflow.sinks.staging import (
     StagingArea,
     fsync_dir,
@@ -390,4 +390,30 @@ SINK_KIND = SinkKind(
     committer=FilesCommitter,
     guarantee="exactly_once",
     replaceable=True,
+    settings=(
+        SinkSetting(
+            "root", "path", "folder that holds the table, and the staging under `_staging/`", required=True
+        ),
+        SinkSetting(
+            "table",
+            "string",
+            "the table's folder under `root` (letters, digits, `_`, `.`, `-`)",
+            required=True,
+        ),
+        SinkSetting(
+            "columns",
+            "columns",
+            "the Parquet schema, `{name: Arrow type}` such as `int64`, `double`, `string`, `bool`",
+            default_from="inferred from the rows",
+        ),
+        SinkSetting("batch_size", "integer", "rows per Parquet row group", default=10_000, minimum=1),
+        SinkSetting(
+            "mode",
+            "string",
+            "`append`: each commit adds the epoch's files; `replace`: each commit replaces what the table "
+            "holds",
+            default="append",
+            choices=MODES,
+        ),
+    ),
 )

@@ -25,6 +25,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
 from onceflow.faults import crash_point
+from onceflow.kafka_clients import kafka_config
 from onceflow.sinks._config import ConfigReader, check_name
 from onceflow.sinks.base import Committable, Row
 from onceflow.sinks.errors import (
@@ -33,13 +34,13 @@ from onceflow.sinks.errors import (
     StagedOutputCorrupt,
     StagedOutputLost,
 )
-from onceflow.sinks.registry import SinkKind
+from onceflow.sinks.registry import SinkKind, SinkSetting
 from onceflow.sinks.staging import StagedFileWriter, StagingArea, sha256_file
 
 if TYPE_CHECKING:
     from confluent_kafka import Producer
 
-    from onceflow.pipeline import Pipeline, SinkSpec
+    from onceflow.pipeline import Pipeline
 
 KIND = "kafka"
 RECORDS = "records.bin"
@@ -256,12 +257,14 @@ class KafkaCommitter:
         first = group[0]
         until = slice_until_offsets(group)
         producer = Producer(
-            {
-                "bootstrap.servers": self.config.bootstrap,
-                "transactional.id": transactional_id(first.pipeline, first.sink, first.slice),
-                "transaction.timeout.ms": self.config.transaction_timeout_ms,
-                "partitioner": self.config.partitioner,
-            }
+            kafka_config(
+                self.config.bootstrap,
+                {
+                    "transactional.id": transactional_id(first.pipeline, first.sink, first.slice),
+                    "transaction.timeout.ms": self.config.transaction_timeout_ms,
+                    "partitioner": self.config.partitioner,
+                },
+            )
         )
         timeout = float(self.config.timeout_s)
         producer.init_transactions(timeout)
@@ -308,12 +311,14 @@ class KafkaCommitter:
                     producer.poll(0.5)  # the local queue is full: let deliveries drain it
 
     def _consumer_config(self, pipeline: str) -> dict[str, Any]:
-        return {
-            "bootstrap.servers": self.config.bootstrap,
-            "group.id": self.config.group_for(pipeline),
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
+        return kafka_config(
+            self.config.bootstrap,
+            {
+                "group.id": self.config.group_for(pipeline),
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            },
+        )
 
     def _group_metadata(self, pipeline: str) -> Any:
         from confluent_kafka import Consumer
@@ -365,7 +370,7 @@ def _columns(config: Mapping[str, Any]) -> list[str] | None:
     return None if config.get("value_format") == "json" else ["key", "value"]
 
 
-def _plan_checks(spec: Pipeline, sinks: Sequence[SinkSpec], parallel_tasks: int) -> None:
+def _plan_checks(spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int) -> None:
     """Refuse what would lose or drop data later.
 
     1. A producer ``transaction_timeout_ms`` shorter than the pipeline's transaction timeout: Kafka would
@@ -374,14 +379,14 @@ def _plan_checks(spec: Pipeline, sinks: Sequence[SinkSpec], parallel_tasks: int)
        published, so the second sink would take its epoch for published and drop it.
     """
     groups: dict[str, str] = {}
-    for sink in sinks:
-        config = KafkaSinkConfig.from_mapping(SINK_KIND.config_for(sink, None))
+    for raw in configs:
+        config, name = KafkaSinkConfig.from_mapping(raw), raw["name"]
         # 1.
         try:
             check_transaction_timeout(config, spec.transaction_timeout_s * 1000)
         except ConfigError as exc:
             raise ConfigError(
-                f"sink {sink.name!r}: {exc}; Kafka would abort a staged epoch that the pipeline may "
+                f"sink {name!r}: {exc}; Kafka would abort a staged epoch that the pipeline may "
                 "still commit. Raise transaction_timeout_ms (up to the broker's "
                 "transaction.max.timeout.ms) or lower the pipeline's transaction_timeout_s"
             ) from exc
@@ -389,11 +394,11 @@ def _plan_checks(spec: Pipeline, sinks: Sequence[SinkSpec], parallel_tasks: int)
         group = config.group_for(spec.name)
         if group in groups:
             raise ConfigError(
-                f"sinks {groups[group]!r} and {sink.name!r} both commit input offsets to consumer group "
+                f"sinks {groups[group]!r} and {name!r} both commit input offsets to consumer group "
                 f"{group!r}; that position marks an epoch as published, so each Kafka sink needs its own: "
                 "set a distinct group_id in their configs"
             )
-        groups[group] = sink.name
+        groups[group] = name
 
 
 SINK_KIND = SinkKind(
@@ -404,4 +409,61 @@ SINK_KIND = SinkKind(
     columns=_columns,
     plan_checks=_plan_checks,
     defaults=lambda settings: {"bootstrap": settings.kafka_bootstrap},
+    settings=(
+        SinkSetting("topic", "string", "the output topic (create it first)", required=True),
+        SinkSetting(
+            "staging_root",
+            "path",
+            "folder where tasks stage records until the commit publishes them",
+            required=True,
+        ),
+        SinkSetting(
+            "bootstrap",
+            "string",
+            "bootstrap servers of the output cluster, `host:port[,host:port]`",
+            default_from="`ONCEFLOW_KAFKA_BOOTSTRAP` (in Airflow: the `onceflow_kafka` connection)",
+        ),
+        SinkSetting(
+            "transaction_timeout_ms",
+            "integer",
+            "the producer's `transaction.timeout.ms`; at least the pipeline's `transaction_timeout_s` "
+            "(checked at plan time) and at most the broker's `transaction.max.timeout.ms`",
+            default=900_000,
+            minimum=1000,
+        ),
+        SinkSetting(
+            "partition",
+            "integer",
+            "write every record to this partition",
+            default_from="by the record key's hash",
+        ),
+        SinkSetting(
+            "partitioner",
+            "string",
+            "librdkafka partitioner for keyed records (`murmur2_random` is the Java clients' choice)",
+            default="murmur2_random",
+        ),
+        SinkSetting(
+            "group_id",
+            "string",
+            "consumer group the input offsets are committed to in each output transaction; give each "
+            "Kafka sink of a pipeline its own",
+            default_from="`onceflow-<pipeline>`",
+        ),
+        SinkSetting("timeout_s", "integer", "seconds per broker operation", default=30, minimum=1),
+        SinkSetting(
+            "value_format",
+            "string",
+            "`raw`: rows are exactly `key` and `value` (bytes or text); `json`: any row becomes a JSON "
+            "object",
+            default="raw",
+            choices=VALUE_FORMATS,
+        ),
+        SinkSetting(
+            "key_column",
+            "string",
+            "with `value_format: json`, the column whose text becomes the record key",
+            default_from="no key",
+        ),
+    ),
 )

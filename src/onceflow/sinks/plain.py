@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceflow.sinks._config import ConfigReader
-from onceflow.sinks._pg import DirectWriterBase, NothingToCommit, PgTableConfig, copy_rows
+from onceflow.sinks._pg import PG_TABLE_SETTINGS, DirectWriterBase, NothingToCommit, PgTableConfig, copy_rows
+from onceflow.sinks._pg_checks import pg_plan_checks
 from onceflow.sinks.base import Row
 from onceflow.sinks.registry import SinkKind, pg_defaults
 
@@ -66,4 +67,6 @@ SINK_KIND = SinkKind(
     guarantee="at_least_once",
     direct=True,
     defaults=pg_defaults,
+    plan_checks=pg_plan_checks(lambda config: _as_config(config).table, prepares=False),
+    settings=PG_TABLE_SETTINGS,
 )

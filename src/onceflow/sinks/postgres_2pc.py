@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.errors import ConfigError
 from onceflow.sinks._config import ConfigReader, check_name
 from onceflow.sinks._pg import (
+    PG_TABLE_SETTINGS,
     PgTableConfig,
     RowDigest,
     column_list,
@@ -26,6 +27,7 @@ from onceflow.sinks._pg import (
     run_ddl,
     table_identifier,
 )
+from onceflow.sinks._pg_checks import pg_plan_checks
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import (
     AlreadyCommitted,
@@ -33,7 +35,7 @@ from onceflow.sinks.errors import (
     StagedOutputLost,
     WriterStateError,
 )
-from onceflow.sinks.registry import SinkKind, pg_defaults
+from onceflow.sinks.registry import SinkKind, SinkSetting, pg_defaults
 
 if TYPE_CHECKING:
     import psycopg
@@ -350,4 +352,21 @@ SINK_KIND = SinkKind(
     committer=PostgresTwoPhaseCommitter,
     guarantee="exactly_once",
     defaults=pg_defaults,
+    plan_checks=pg_plan_checks(lambda config: _as_config(config).table, prepares=True),
+    settings=(
+        *PG_TABLE_SETTINGS,
+        SinkSetting(
+            "marker_table",
+            "string",
+            "table of commit markers, one row per committed task attempt (created if missing)",
+            default="onceflow_markers",
+        ),
+        SinkSetting(
+            "lock_timeout_ms",
+            "integer",
+            "how long a task attempt waits for another attempt of the same task that holds its marker",
+            default=10_000,
+            minimum=1,
+        ),
+    ),
 )

@@ -13,9 +13,17 @@ from typing import Any
 
 from onceflow.errors import ConfigError
 from onceflow.sinks._config import ConfigReader
-from onceflow.sinks._pg import DirectWriterBase, NothingToCommit, PgTableConfig, insert_rows, insert_statement
+from onceflow.sinks._pg import (
+    PG_TABLE_SETTINGS,
+    DirectWriterBase,
+    NothingToCommit,
+    PgTableConfig,
+    insert_rows,
+    insert_statement,
+)
+from onceflow.sinks._pg_checks import pg_plan_checks
 from onceflow.sinks.base import Row
-from onceflow.sinks.registry import SinkKind, pg_defaults
+from onceflow.sinks.registry import SinkKind, SinkSetting, pg_defaults
 
 KIND = "postgres_upsert"
 
@@ -91,4 +99,15 @@ SINK_KIND = SinkKind(
     direct=True,
     replaceable=True,
     defaults=pg_defaults,
+    plan_checks=pg_plan_checks(lambda config: _as_config(config).table, prepares=False),
+    settings=(
+        *PG_TABLE_SETTINGS,
+        SinkSetting(
+            "key_columns",
+            "names",
+            "the key among `columns`: a row overwrites the row with the same key (the created table's "
+            "primary key)",
+            required=True,
+        ),
+    ),
 )

@@ -30,7 +30,7 @@ Guarantee = Literal["exactly_once", "at_least_once"]
 _NOT_KINDS = frozenset({"base", "errors", "registry", "staging"})
 
 
-def _no_checks(spec: Pipeline, sinks: Sequence[SinkSpec], parallel_tasks: int) -> None:
+def _no_checks(spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int) -> None:
     return None
 
 
@@ -53,6 +53,35 @@ def configured_columns(config: Mapping[str, Any]) -> list[str] | None:
     return None
 
 
+# The value types a sink setting may have: "path" is a string made absolute, "columns" a mapping of
+# column name to type (or a list of [name, type] pairs), "names" a non-empty list of strings.
+SETTING_TYPES: tuple[str, ...] = ("string", "integer", "boolean", "path", "columns", "names")
+
+
+@dataclass(frozen=True)
+class SinkSetting:
+    """One key of a sink kind's config, as users write it: what README's sink reference lists.
+
+    ``default`` is the value used when the key is absent; ``default_from`` says where the value comes
+    from when it is not a constant (e.g. the deployment's settings). ``minimum`` bounds integers and
+    ``choices`` lists the accepted strings. A unit test compares these with what the kind's config
+    parser reads, so the declaration cannot drift from the code.
+    """
+
+    key: str
+    type: str
+    meaning: str
+    required: bool = False
+    default: str | int | bool | None = None
+    default_from: str | None = None
+    minimum: int | None = None
+    choices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.type not in SETTING_TYPES:
+            raise ValueError(f"sink setting {self.key!r}: type {self.type!r} is not one of {SETTING_TYPES}")
+
+
 @dataclass(frozen=True)
 class SinkKind:
     """One kind of sink: everything the coordinator, the planner and the executors need to know of it.
@@ -60,11 +89,13 @@ class SinkKind:
     ``writer`` and ``committer`` build the two halves from the sink's config (plus its name). ``direct``
     kinds make rows visible as they are written (commit has nothing to do); ``replaceable`` kinds can
     take an interval's earlier output away when a re-run commits (``on_rerun="replace"``).
-    ``plan_checks(spec, sinks, parallel_tasks)`` refuses, before anything is written, what would fail
-    later (it gets all the pipeline's sinks of this kind at once). ``columns(config)`` names the columns
-    rows must have, in order, or None to take the transform's output as it is. ``defaults(settings)``
-    fills settings the sink's config leaves out from the deployment's `Settings` (e.g. the PostgreSQL
-    DSN), so sinks get their settings explicitly, never through the process environment.
+    ``plan_checks(spec, configs, parallel_tasks)`` refuses, before anything is written, what would fail
+    later: it gets the full config (as a writer gets it, ``name`` included) of every sink of this kind
+    in the pipeline at once, and how many tasks of one epoch write to each of them. ``columns(config)``
+    names the columns rows must have, in order, or None to take the transform's output as it is.
+    ``defaults(settings)`` fills settings the sink's config leaves out from the deployment's `Settings`
+    (e.g. the PostgreSQL DSN), so sinks get their settings explicitly, never through the process
+    environment. ``settings`` documents the config keys users may write (`SinkSetting`).
     """
 
     name: str
@@ -75,8 +106,9 @@ class SinkKind:
     replaceable: bool = False
     committable_version: int = 1
     columns: Callable[[Mapping[str, Any]], list[str] | None] = configured_columns
-    plan_checks: Callable[[Pipeline, Sequence[SinkSpec], int], None] = _no_checks
+    plan_checks: Callable[[Pipeline, Sequence[Mapping[str, Any]], int], None] = _no_checks
     defaults: Callable[[Settings], dict[str, Any]] = _no_defaults
+    settings: tuple[SinkSetting, ...] = ()
 
     def config_for(self, sink: SinkSpec, settings: Settings | None) -> dict[str, Any]:
         """The config a writer or committer of ``sink`` is built from: the kind's defaults from the

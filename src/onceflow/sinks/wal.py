@@ -18,6 +18,7 @@ from typing import Any
 from onceflow.faults import crash_point
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import (
+    PG_TABLE_SETTINGS,
     PgTableConfig,
     RowDigest,
     create_table_if_missing,
@@ -25,9 +26,10 @@ from onceflow.sinks._pg import (
     insert_statement,
     row_values,
 )
+from onceflow.sinks._pg_checks import pg_plan_checks
 from onceflow.sinks.base import Committable, Row
 from onceflow.sinks.errors import RowError, StagedOutputCorrupt, StagedOutputLost
-from onceflow.sinks.registry import SinkKind, pg_defaults
+from onceflow.sinks.registry import SinkKind, SinkSetting, pg_defaults
 from onceflow.sinks.staging import StagedFileWriter, StagingArea, sha256_file
 
 KIND = "wal"
@@ -136,5 +138,16 @@ class WalCommitter:
 
 
 SINK_KIND = SinkKind(
-    name=KIND, writer=WalWriter, committer=WalCommitter, guarantee="at_least_once", defaults=pg_defaults
+    name=KIND,
+    writer=WalWriter,
+    committer=WalCommitter,
+    guarantee="at_least_once",
+    defaults=pg_defaults,
+    plan_checks=pg_plan_checks(lambda config: _as_config(config).table, prepares=False),
+    settings=(
+        SinkSetting(
+            "root", "path", "folder where tasks keep their rows until the commit pushes them", required=True
+        ),
+        *PG_TABLE_SETTINGS,
+    ),
 )

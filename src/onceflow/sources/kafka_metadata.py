@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from onceflow.errors import ServiceUnavailable
+from onceflow.kafka_clients import kafka_config
 from onceflow.pipeline import KafkaSource
 from onceflow.sources.errors import PlanningError, TopicNotFound
 from onceflow.sources.kafka_planning import (
@@ -39,14 +40,16 @@ class KafkaMetadata:
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": "onceflow-metadata",  # required by the client; no group is ever joined
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "socket.timeout.ms": int(timeout_s * 1000),
-                **(config or {}),
-            }
+            kafka_config(
+                bootstrap,
+                {
+                    "group.id": "onceflow-metadata",  # required by the client; no group is ever joined
+                    "isolation.level": "read_committed",
+                    "enable.auto.commit": False,
+                    "socket.timeout.ms": int(timeout_s * 1000),
+                    **(config or {}),
+                },
+            )
         )
 
     def __enter__(self) -> KafkaMetadata:
@@ -76,8 +79,11 @@ class KafkaMetadata:
                     error.retriable() or error.code() in leader_moving
                 )
                 if not retriable or time.monotonic() >= deadline:
+                    detail = error.str() if isinstance(error, KafkaError) else str(exc)
                     raise ServiceUnavailable(
-                        f"Kafka at {self.bootstrap} did not answer {what} within {self.timeout_s:g}s: {exc}"
+                        f"Kafka at {self.bootstrap} did not answer {what} within {self.timeout_s:g}s "
+                        f"({detail}): check ONCEFLOW_KAFKA_BOOTSTRAP (or the onceflow_kafka connection) "
+                        "and that the brokers are running"
                     ) from exc
                 time.sleep(0.2)
 

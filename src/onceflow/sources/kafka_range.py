@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from onceflow.kafka_clients import kafka_config
 from onceflow.offsets import OffsetRange
 from onceflow.records import KafkaRecord
 from onceflow.sources.errors import OffsetsLost, RangeReadError, RangeReadTimeout, SkippedOffsets
@@ -42,16 +43,18 @@ def read_range(
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "onceflow-range-reader",  # required by the client; no group is ever joined
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "error",  # a deleted start is an error, never a silent jump
-            "enable.partition.eof": True,
-            **(config or {}),
-        }
+        kafka_config(
+            bootstrap,
+            {
+                "group.id": "onceflow-range-reader",  # required by the client; no group is ever joined
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "error",  # a deleted start is an error, never a silent jump
+                "enable.partition.eof": True,
+                **(config or {}),
+            },
+        )
     )
     topic, partition, until = offset_range.topic, offset_range.partition, offset_range.until_offset
     try:
