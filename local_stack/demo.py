@@ -148,7 +148,7 @@ def _duplicates(ids: list[int]) -> int:
 
 def main() -> int:
     settings = Settings.from_env()
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
     run = time.strftime("%Y%m%d%H%M%S")
     suffix = f"-demo{run}"

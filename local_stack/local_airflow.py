@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m local_stack.local_airflow ARGS...`: run `airflow ARGS...` in the local environment."""
     args = list(sys.argv[1:] if argv is None else argv)
     settings = Settings.from_env()
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     # Variables already set in the environment win over the demo's examples.env.
     base = {**examples_environment(settings.home), **os.environ}
     env = airflow_environment(settings, root, settings.home / "airflow", base)
