@@ -37,6 +37,12 @@ def spark_application() -> str:
     return str(Path(jobs) / "onceflow_process.py")
 
 
+def executor_python() -> str:
+    """The executors' Python: PYSPARK_PYTHON when the workers run another image or host (docker-compose
+    sets the Spark image's virtualenv), else this interpreter (local Spark, the same machine)."""
+    return os.environ.get("PYSPARK_PYTHON") or sys.executable
+
+
 def build_dag(
     pipeline: str,
     *,
@@ -104,7 +110,7 @@ def build_dag(
                 conn_id=spark_conn_id,
                 name=f"onceflow-{spec.name}-s{number}",
                 conf={**SPARK_CONF, **(spark_conf or {})},
-                env_vars={"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
+                env_vars={"PYSPARK_PYTHON": executor_python(), "PYSPARK_DRIVER_PYTHON": sys.executable},
                 retries=0,
                 **conns,
             )

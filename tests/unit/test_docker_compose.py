@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -89,3 +90,249 @@ def test_default_ports_match_the_local_scripts(compose) -> None:
     pg_port = re.search(r"ONCEFLOW_PG_PORT:-(\d+)", env_sh).group(1)
     assert f"${{ONCEFLOW_KAFKA_PORT:-{kafka_port}}}" in compose["services"]["kafka"]["ports"][0]
     assert compose["services"]["postgres"]["ports"][0].startswith(f"${{ONCEFLOW_PG_PORT:-{pg_port}}}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The compose file as `docker compose config` renders it: anchors and merge keys resolved (YAML), then
+# every string interpolated the way compose does it, against a given environment.
+
+_INTERPOLATION = re.compile(
+    r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}"
+    r"|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))"
+)
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's rules: ``$$`` is ``$``; ``${V:-d}`` d when V is unset or empty, ``${V-d}`` only when unset;
+    ``${V:?e}``/``${V?e}`` an error; ``${V:+a}``/``${V+a}`` a when V is set (and non-empty)."""
+
+    def one(match: re.Match[str]) -> str:
+        if match.group("escaped"):
+            return "$"
+        name = match.group("braced") or match.group("bare")
+        op, arg = match.group("op"), match.group("arg") or ""
+        value = env.get(name)
+        present = value is not None and (value != "" or not (op or "").startswith(":"))
+        if op in (":-", "-"):
+            return value if present else arg  # type: ignore[return-value]
+        if op in (":?", "?"):
+            if not present:
+                raise ValueError(f"required variable {name} is missing: {arg}")
+            return value  # type: ignore[return-value]
+        if op in (":+", "+"):
+            return arg if present else ""
+        return value or ""
+
+    return _INTERPOLATION.sub(one, text)
+
+
+def render(env: dict[str, str] | None = None) -> dict[str, Any]:
+    env = env or {}
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value) for value in node]
+        return interpolate(node, env) if isinstance(node, str) else node
+
+    return walk(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
+
+
+def _env_sh_defaults() -> dict[str, str]:
+    """``VAR`` -> its literal default in infra/env.sh (``export VAR="${VAR:-default}"``)."""
+    text = (ROOT / "infra" / "env.sh").read_text()
+    return dict(re.findall(r'^export (ONCEFLOW_[A-Z_]+)="\$\{\1:-([^$"}]*)\}"', text, flags=re.MULTILINE))
+
+
+def _airflow_containers(rendered: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: service
+        for name, service in rendered["services"].items()
+        if service.get("image") == "onceflow/airflow:local"
+    }
+
+
+def _depends_on(service: dict[str, Any]) -> dict[str, str]:
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return dict.fromkeys(deps, "service_started")
+    return {name: spec.get("condition", "service_started") for name, spec in deps.items()}
+
+
+def _waits_for(rendered: dict[str, Any], name: str, target: str) -> bool:
+    """Whether service NAME starts only after TARGET completed successfully (directly or through others)."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for dep, condition in _depends_on(rendered["services"][todo.pop()]).items():
+            if dep == target and condition == "service_completed_successfully":
+                return True
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return False
+
+
+def test_interpolation_follows_compose_rules() -> None:
+    env = {"SET": "v", "EMPTY": ""}
+    assert interpolate("${SET:-d} ${EMPTY:-d} ${UNSET:-d}", env) == "v d d"
+    assert interpolate("${EMPTY-d}|${UNSET-d}", env) == "|d"
+    assert interpolate("$$SET $SET ${SET:+alt} ${UNSET:+alt}.", env) == "$SET v alt ."
+    with pytest.raises(ValueError, match="UNSET"):
+        interpolate("${UNSET:?set it}", env)
+
+
+@pytest.mark.parametrize("env", [{}, {"AIRFLOW_JWT_SECRET": "x" * 64, "AIRFLOW_FERNET_KEY": "k"}])
+def test_every_airflow_container_shares_the_secrets_and_the_execution_api(env: dict[str, str]) -> None:
+    rendered = render(env)
+    containers = _airflow_containers(rendered)
+    assert AIRFLOW_SERVICES | {"airflow-init"} <= set(containers)
+    shared = (
+        "AIRFLOW__API_AUTH__JWT_SECRET",
+        "AIRFLOW__API_AUTH__JWT_ISSUER",
+        "AIRFLOW__CORE__FERNET_KEY",
+        "AIRFLOW__API__SECRET_KEY",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE",
+        "PYSPARK_PYTHON",
+    )
+    for key in shared:
+        values = {name: service["environment"].get(key) for name, service in containers.items()}
+        assert all(values.values()), f"{key} is missing in {[n for n, v in values.items() if not v]}"
+        assert len(set(values.values())) == 1, f"{key} differs between Airflow containers: {values}"
+    sample = next(iter(containers.values()))["environment"]
+    if "AIRFLOW_JWT_SECRET" in env:
+        assert sample["AIRFLOW__API_AUTH__JWT_SECRET"] == env["AIRFLOW_JWT_SECRET"]
+    else:
+        assert len(sample["AIRFLOW__API_AUTH__JWT_SECRET"]) >= 64  # HS512 wants a 512-bit key
+        import base64
+
+        assert len(base64.urlsafe_b64decode(sample["AIRFLOW__CORE__FERNET_KEY"])) == 32  # a valid Fernet key
+    # Tasks reach the execution API at a service of this file that runs the api-server on that port.
+    url = urlparse(sample["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+    api_server = rendered["services"][url.hostname]
+    assert api_server["command"] == ["airflow", "api-server"] and url.port == 8080
+    assert url.path == "/execution/"
+
+
+def test_one_uid_writes_the_shared_volumes_and_they_are_handed_to_it_first() -> None:
+    rendered = render()
+    writer_uid = "50000"
+    shared_volumes = {"onceflow-state", "airflow-auth"}
+    init = rendered["services"]["volumes-init"]
+    assert init["user"].split(":")[0] == "0"
+    assert init["command"][:3] == ["chown", "-R", f"{writer_uid}:0"]
+    init_targets = {v.split(":")[1] for v in init["volumes"]}
+    assert set(init["command"][3:]) == init_targets
+    for name, service in rendered["services"].items():
+        mounted = {v.split(":")[0]: v.split(":")[1] for v in service.get("volumes", [])}
+        used = shared_volumes & set(mounted)
+        if name == "volumes-init" or not used:
+            continue
+        assert str(service.get("user", "")).split(":")[0] == writer_uid, (
+            f"{name} writes {used} as another uid"
+        )
+        for volume in used:
+            assert f"{volume}:{mounted[volume]}" in init["volumes"], f"{name}: {volume} is not chowned first"
+        assert _waits_for(rendered, name, "volumes-init"), f"{name} may start before the volumes are chowned"
+    # The images agree: each Dockerfile ends as that uid.
+    for dockerfile in ("airflow.Dockerfile", "spark.Dockerfile"):
+        users = re.findall(r"^USER (\S+)", (ROOT / "docker" / dockerfile).read_text(), flags=re.MULTILINE)
+        assert users[-1] == writer_uid, f"{dockerfile} runs as {users[-1]}"
+
+
+def _dockerfile_paths(text: str) -> set[str]:
+    """Paths a Dockerfile creates: venvs' interpreters, symlinks, made directories, ENV paths."""
+    made: set[str] = set()
+    for venv in re.findall(r"python3? -m venv (\S+)", text):
+        made |= {f"{venv}/bin/python", f"{venv}/bin/pip"}
+    made |= set(re.findall(r"ln -s .*?\s(/[\w/.-]+)\s*(?:&&|\\|$)", text, flags=re.MULTILINE))
+    return made
+
+
+def test_interpreters_named_in_the_environment_exist_in_the_image_that_runs_them() -> None:
+    rendered = render()
+    spark_file = (ROOT / "docker" / "spark.Dockerfile").read_text()
+    spark_paths = _dockerfile_paths(spark_file)
+    # The Airflow tasks pass PYSPARK_PYTHON on to the executors, which run in the Spark image.
+    executor_python = rendered["services"]["airflow-scheduler"]["environment"]["PYSPARK_PYTHON"]
+    assert executor_python in spark_paths, f"{executor_python} is not made in spark.Dockerfile"
+    assert re.search(rf"^ENV .*PYSPARK_PYTHON={re.escape(executor_python)}\b", spark_file, re.MULTILINE)
+    # ... and that interpreter is the one onceflow is installed into.
+    [install] = _pip_installs(spark_file)
+    assert install.startswith(executor_python.removesuffix("/python") + "/pip install")
+    for name in ("spark-master", "spark-worker"):
+        program = rendered["services"][name]["command"][0]
+        assert program.startswith(tuple(p + "/" for p in spark_paths)), (
+            f"{name}: {program} is not in the image"
+        )
+
+
+def test_the_dag_factory_gives_executors_the_python_of_the_environment(monkeypatch) -> None:
+    import sys
+
+    monkeypatch.syspath_prepend(str(ROOT / "plugins"))
+    from onceflow_airflow.dag_factory import executor_python
+
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/onceflow/venv/bin/python")
+    assert executor_python() == "/opt/onceflow/venv/bin/python"
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    assert executor_python() == sys.executable
+
+
+def _pip_installs(dockerfile_text: str) -> list[str]:
+    """The ``pip install`` commands of the Dockerfile's instructions (comments left out)."""
+    code = "\n".join(line for line in dockerfile_text.splitlines() if not line.lstrip().startswith("#"))
+    joined = code.replace("\\\n", " ")
+    return [m.strip() for m in re.findall(r"(\S*pip install [^&\n]+)", joined)]
+
+
+def _extras(spec: str) -> set[str]:
+    found = re.search(r"\[([a-z,]+)\]", spec)
+    assert found, spec
+    return set(found.group(1).split(","))
+
+
+def test_images_install_like_the_makefile_venv() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    stamp_rule = makefile.split("\n$(STAMP):", 1)[1].split("\n\n", 1)[0]
+    [venv_install] = [i for i in re.findall(r"pip install (.*)", stamp_rule) if " -e " in f" {i}"]
+    assert "-c constraints.txt" in venv_install
+    venv_extras = _extras(venv_install)
+    for dockerfile in ("airflow.Dockerfile", "spark.Dockerfile"):
+        text = (ROOT / "docker" / dockerfile).read_text()
+        copied_to = re.search(r"^COPY .*\bconstraints\.txt\b.* (\S+/)$", text, re.MULTILINE)
+        assert copied_to, f"{dockerfile} does not copy constraints.txt"
+        [install] = _pip_installs(text)
+        assert f"-c {copied_to.group(1)}constraints.txt" in install, f"{dockerfile}: {install}"
+        assert _extras(install) == venv_extras, f"{dockerfile} installs other extras than `make venv`"
+
+
+def test_rendered_ports_and_settings_match_the_local_scripts() -> None:
+    defaults = _env_sh_defaults()
+    text = (ROOT / "docker-compose.yml").read_text()
+    for name, default in re.findall(r"\$\{(ONCEFLOW_[A-Z_]+):-([^}]*)\}", text):
+        assert defaults.get(name) == default, (
+            f"compose defaults {name} to {default!r}, env.sh {defaults.get(name)!r}"
+        )
+    rendered = render()
+    kafka_port = defaults["ONCEFLOW_KAFKA_PORT"]
+    assert f"{kafka_port}:{kafka_port}" in rendered["services"]["kafka"]["ports"]
+    assert (
+        f"HOST://localhost:{kafka_port}"
+        in rendered["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    )
+    assert f"{defaults['ONCEFLOW_PG_PORT']}:5432" in rendered["services"]["postgres"]["ports"]
+    user, password, database = (defaults[f"ONCEFLOW_PG_{k}"] for k in ("USER", "PASSWORD", "DATABASE"))
+    env = rendered["services"]["airflow-scheduler"]["environment"]
+    assert env["ONCEFLOW_PG_DSN"] == f"postgresql://{user}:{password}@postgres:5432/{database}"
+    assert (
+        f"max_prepared_transactions={defaults['ONCEFLOW_PG_MAX_PREPARED']}"
+        in rendered["services"]["postgres"]["command"]
+    )
+    # Overridden in the environment, the same variable moves every place that uses it.
+    moved = render({"ONCEFLOW_KAFKA_PORT": "29092", "ONCEFLOW_PG_USER": "me"})
+    assert "29092:29092" in moved["services"]["kafka"]["ports"]
+    assert moved["services"]["spark-worker"]["environment"]["ONCEFLOW_PG_DSN"].startswith("postgresql://me:")
