@@ -3,11 +3,16 @@
 Every operator takes the pipeline as ``module:attribute``, gets its settings and ledger from
 `OnceflowHook`, and finds its epoch through the ledger by the DAG run's id, never through XCom alone, so
 a cleared task, a retry or ``airflow tasks test`` acts on the epoch the ledger says this run owns. A
-refusal fails the task (no retry) with the refusal as its last log line, in the CLI's words.
+refusal fails the task (no retry) with the refusal as its last log line, in the CLI's words; under
+``airflow tasks test``, which reports every task outcome with exit status 0, it also ends the command
+with the CLI's exit status for a refusal (3).
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,6 +23,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from onceflow.cli import EXIT_REFUSED
 from onceflow.coordinator import Coordinator, EpochOwned, PlanResult, Refused, process_alive
 from onceflow.engine.submit import application_args
 from onceflow.pipeline import Pipeline, load_pipeline
@@ -26,6 +32,40 @@ from onceflow_airflow.hooks import OnceflowHook
 # How a run chooses its input: "auto" bounds scheduled and backfill runs by their data interval and
 # reads manual runs up to the newest stable offset; "bound" and "ignore" force one or the other.
 INTERVAL_MODES = ("auto", "bound", "ignore")
+
+
+def _under_tasks_test() -> bool:
+    """True inside ``airflow tasks test``, the only command that sets AIRFLOW_TEST_MODE (Airflow 3)."""
+    return os.environ.get("AIRFLOW_TEST_MODE", "").lower() == "true"
+
+
+def _end_with_refusal(context: Any) -> None:
+    """Failure callback: Airflow has logged the failure with its traceback; repeat the refusal as the
+    task's last line and, under ``airflow tasks test``, make the command exit with status 3.
+
+    ``airflow tasks test`` runs the task in process and exits 0 whatever the task's state (Airflow 3.3
+    checks no state on the way out), so a script or a person reading ``$?`` would take a refused abort
+    for a done one. The command must still record the task as failed, which it does after this
+    callback, so the exit status is set when the command is done, at interpreter exit.
+    """
+    refusal = getattr(context.get("exception"), "onceflow_refusal", None)
+    if refusal is None:
+        return
+    log = context["task"].log
+    log.error("onceflow: %s", refusal)
+    if _under_tasks_test():
+        atexit.register(_exit_refused, log, refusal)
+
+
+def _exit_refused(log: Any, refusal: str) -> None:
+    """At the end of ``airflow tasks test``: the refusal as the command's last line, then exit 3 (the
+    ``onceflow`` CLI's status for a refusal). Python ignores SystemExit raised at exit, hence os._exit,
+    after flushing what is buffered."""
+    log.error("onceflow: %s", refusal)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_REFUSED)
 
 
 class _OnceflowOperator(BaseOperator):
@@ -41,7 +81,12 @@ class _OnceflowOperator(BaseOperator):
         postgres_conn_id: str = "onceflow_postgres",
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        callbacks = kwargs.pop("on_failure_callback", None)
+        if callbacks is None:
+            callbacks = []
+        elif callable(callbacks):
+            callbacks = [callbacks]
+        super().__init__(on_failure_callback=[*callbacks, _end_with_refusal], **kwargs)
         self.pipeline = pipeline
         self.ledger_conn_id = ledger_conn_id
         self.kafka_conn_id = kafka_conn_id
@@ -65,8 +110,9 @@ class _OnceflowOperator(BaseOperator):
             try:
                 yield Coordinator.for_pipeline(self.spec(), ledger, settings, log=self.say)
             except Refused as refused:
-                self.log.error("onceflow: %s", refused)
-                raise AirflowFailException(str(refused)) from refused
+                failure = AirflowFailException(str(refused))
+                failure.onceflow_refusal = str(refused)  # type: ignore[attr-defined]
+                raise failure from None
 
 
 class OnceflowRecoverOperator(_OnceflowOperator):

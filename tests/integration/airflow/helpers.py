@@ -25,6 +25,29 @@ def airflow(args: Sequence[str], env: Mapping[str, str], *, timeout: float = 600
     return (result.stdout or "") + (result.stderr or "") + f"\n[exit {result.returncode}]"
 
 
+def task_test(env: Mapping[str, str], dag_id: str, task_id: str, run_id: str) -> tuple[int, list[str]]:
+    """`airflow tasks test DAG TASK RUN_ID`: its exit status and its output lines in the order written
+    (stderr merged into stdout), blank lines left out."""
+    result = subprocess.run(
+        ["airflow", "tasks", "test", dag_id, task_id, run_id],
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    return result.returncode, [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def task_state(env: Mapping[str, str], dag_id: str, task_id: str, run_id: str) -> str:
+    """The state Airflow's metadata DB records for one task of a run (`airflow tasks state`)."""
+    out = airflow(["tasks", "state", dag_id, task_id, run_id], env)
+    states = [w for w in out.split() if w in {"success", "failed", "skipped", "up_for_retry", "None"}]
+    assert states, out[-2000:]
+    return states[-1]
+
+
 def dags_test(
     env: Mapping[str, str],
     dag_id: str,

@@ -24,6 +24,8 @@ from tests.integration.airflow.helpers import (
     onceflow_lines,
     read_topic,
     run_id_of,
+    task_state,
+    task_test,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -98,6 +100,45 @@ def test_clear_commit_after_outage_clear_abort_and_dry_run(orders_stack, setting
     assert _enriched_ids(settings, stack) == first.valid + second.valid
     rejected = stack.pg_rows(f"SELECT order_id, reason FROM {stack.rejected_table} ORDER BY 1")
     assert {int(i): r.split(":")[0] for i, r in rejected} == {**first.rejected, **second.rejected}  # type: ignore[call-overload]
+
+
+def _last_line(lines: list[str]) -> str:
+    """The last line, without Airflow's timestamp, level and logger decoration."""
+    assert lines, "no output"
+    return lines[-1].split("onceflow: ", 1)[-1].split(" [airflow.", 1)[0].strip()
+
+
+def test_a_refused_task_fails_and_airflow_tasks_test_exits_3(orders_stack, settings) -> None:
+    """`airflow tasks test` exits 0 whatever the task did; a refused abort or commit must not look done."""
+    stack = orders_stack
+    produce(settings.kafka_bootstrap, stack.topic, make_orders(0, 20).records)
+    run1 = run_id_of(dags_test(stack.env, DAG, mark_success=UP_TO_PRECOMMIT))
+    code, lines = task_test(stack.env, DAG, "commit", run1)
+    assert code == 0, lines[-40:]
+    assert epochs(stack.ledger_url, stack.pipeline)[0].status is EpochStatus.COMMITTED
+
+    code, lines = task_test(stack.env, DAG, "abort", run1)
+    print("\n".join(lines[-40:]))  # shown by pytest when the test fails
+    assert code == 3, lines[-40:]
+    assert _last_line(lines).startswith("abort refused: cannot abort epoch 1 "), lines[-5:]
+    assert "it is COMMITTED" in _last_line(lines)
+    assert task_state(stack.env, DAG, "abort", run1) == "failed"
+    assert epochs(stack.ledger_url, stack.pipeline)[0].status is EpochStatus.COMMITTED
+
+    produce(settings.kafka_bootstrap, stack.topic, make_orders(100, 20).records)
+    run2 = run_id_of(dags_test(stack.env, DAG, mark_success=UP_TO_PRECOMMIT))
+    code, lines = task_test(stack.env, DAG, "abort", run2)
+    assert code == 0, lines[-40:]
+    assert epochs(stack.ledger_url, stack.pipeline)[1].status is EpochStatus.ABORTED
+    code, lines = task_test(stack.env, DAG, "commit", run2)
+    assert code == 3, lines[-40:]
+    assert _last_line(lines).startswith("commit refused: cannot commit epoch 2 "), lines[-5:]
+    assert "it is ABORTED" in _last_line(lines)
+    assert task_state(stack.env, DAG, "commit", run2) == "failed"
+    assert [e.status for e in epochs(stack.ledger_url, stack.pipeline)] == [
+        EpochStatus.COMMITTED,
+        EpochStatus.ABORTED,
+    ]
 
 
 def _onceflow(stack, *args: str) -> subprocess.CompletedProcess[str]:
