@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import Settings
+from onceflow.topics import wait_for_leaders
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +58,7 @@ def make_topic(kafka_admin) -> Iterator[Callable[..., str]]:  # type: ignore[no-
         )
         futures[name].result(timeout=30)
         created.append(name)
-        _wait_until_described(kafka_admin, name, partitions)
+        wait_for_leaders(kafka_admin, name, partitions, timeout_s=30)
         return name
 
     yield make
@@ -65,24 +66,6 @@ def make_topic(kafka_admin) -> Iterator[Callable[..., str]]:  # type: ignore[no-
         for future in kafka_admin.delete_topics(created).values():
             with contextlib.suppress(Exception):  # a test may have deleted it already
                 future.result(timeout=30)
-
-
-def _wait_until_described(admin, topic: str, partitions: int) -> None:  # type: ignore[no-untyped-def]
-    """A new topic's metadata reaches every client a moment after creation; wait for its leaders."""
-    import time
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        described = admin.list_topics(topic, timeout=10).topics.get(topic)
-        if (
-            described is not None
-            and described.error is None
-            and len(described.partitions) == partitions
-            and all(p.leader >= 0 for p in described.partitions.values())
-        ):
-            return
-        time.sleep(0.2)
-    pytest.fail(f"topic {topic} has no leader for every partition 30 s after creation")
 
 
 @pytest.fixture

@@ -117,7 +117,7 @@ def create_topic(
             f"Kafka at {bootstrap} did not confirm topic {name!r} within {timeout_s:g} s; "
             f"check with `onceflow topics create {name} --partitions {partitions}` again"
         ) from exc
-    _wait_for_leaders(admin, name, partitions, timeout_s)
+    wait_for_leaders(admin, name, partitions, timeout_s)
     return f"created topic {name!r} with {partitions} partitions on {bootstrap}"
 
 
@@ -143,7 +143,7 @@ def _partition_count(admin: Any, bootstrap: str, name: str, timeout_s: float) ->
     return None if topic is None or topic.error is not None else len(topic.partitions)
 
 
-def _wait_for_leaders(admin: Any, name: str, partitions: int, timeout_s: float) -> None:
+def wait_for_leaders(admin: Any, name: str, partitions: int, timeout_s: float) -> None:
     """A new topic's partitions get leaders a moment after creation; a producer started before that
     fails its first sends, so return only once they have them."""
     deadline = time.monotonic() + timeout_s

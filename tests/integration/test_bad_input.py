@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import psycopg
 import pytest
 
 from onceflow.ledger import Ledger
+from onceflow.topics import wait_for_leaders
 from tests.integration.engine.data import orders, produce
 
 pytestmark = pytest.mark.integration
@@ -114,7 +114,7 @@ def world(settings, kafka_admin, tmp_path_factory) -> Iterator[dict[str, str]]: 
     (folder / "raises_on_import.py").write_text(
         "import os\nraise RuntimeError('no credentials for the feed')\n"
     )
-    time.sleep(1)  # let the new topic's leaders settle before producing
+    wait_for_leaders(kafka_admin, topic, 2, timeout_s=30)
     produce(settings.kafka_bootstrap, topic, orders(0, RECORDS))
     env = {
         **{k: v for k, v in os.environ.items() if k != "ONCEFLOW_DEBUG"},
