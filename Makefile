@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench local_stack)
 
-.PHONY: help venv jars services services-stop demo airflow-ui test lint unit faults bench clean
+.PHONY: help venv jars services services-stop spark demo airflow-ui test lint unit faults bench clean
 
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
@@ -41,6 +41,10 @@ services: jars
 
 services-stop:
 	@infra/services.sh stop
+
+# The warm Spark runtime (master, two workers, Spark Connect server); prints ONCEFLOW_SPARK_REMOTE=sc://...
+spark: venv
+	@infra/spark.sh start
 
 lint: venv
 	@echo "[onceflow] ruff" >&2

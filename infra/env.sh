@@ -78,3 +78,21 @@ onceflow_port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
 # Where DAGs find the spark-submit entry points (docker-compose mounts them elsewhere).
 export ONCEFLOW_SPARK_JOBS="${ONCEFLOW_SPARK_JOBS:-$ONCEFLOW_ROOT/spark_jobs}"
+
+# The warm Spark runtime (infra/spark.sh): a standalone master, two workers and a Spark Connect server,
+# from the pyspark wheel of this Python, on loopback; pids, logs and scratch space in ONCEFLOW_SPARK_DATA.
+export ONCEFLOW_SPARK_PYTHON="${ONCEFLOW_SPARK_PYTHON:-$ONCEFLOW_ROOT/.venv/bin/python}"
+export ONCEFLOW_SPARK_HOST="${ONCEFLOW_SPARK_HOST:-127.0.0.1}"
+export ONCEFLOW_SPARK_CONNECT_PORT="${ONCEFLOW_SPARK_CONNECT_PORT:-15002}"
+export ONCEFLOW_SPARK_MASTER_PORT="${ONCEFLOW_SPARK_MASTER_PORT:-17077}"
+# The master's web UI; the workers' are on the next ports (+1, +2).
+export ONCEFLOW_SPARK_MASTER_UI_PORT="${ONCEFLOW_SPARK_MASTER_UI_PORT:-18180}"
+export ONCEFLOW_SPARK_UI_PORT="${ONCEFLOW_SPARK_UI_PORT:-14040}"
+export ONCEFLOW_SPARK_DATA="${ONCEFLOW_SPARK_DATA:-$ONCEFLOW_HOME/spark}"
+export ONCEFLOW_SPARK_DAEMON_MEMORY="${ONCEFLOW_SPARK_DAEMON_MEMORY:-256m}"
+export ONCEFLOW_SPARK_WORKER_CORES="${ONCEFLOW_SPARK_WORKER_CORES:-1}"
+export ONCEFLOW_SPARK_WORKER_MEMORY="${ONCEFLOW_SPARK_WORKER_MEMORY:-1g}"
+export ONCEFLOW_SPARK_EXECUTOR_MEMORY="${ONCEFLOW_SPARK_EXECUTOR_MEMORY:-768m}"
+export ONCEFLOW_SPARK_DRIVER_MEMORY="${ONCEFLOW_SPARK_DRIVER_MEMORY:-1g}"
+# How long the Connect server keeps running a query whose client went away (killed) before interrupting it.
+export ONCEFLOW_SPARK_DETACHED_TIMEOUT="${ONCEFLOW_SPARK_DETACHED_TIMEOUT:-30s}"

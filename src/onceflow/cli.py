@@ -75,7 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--until-caught-up", action="store_true", help="run epochs until nothing new is left")
     run.add_argument("--max-records-per-partition", type=int, default=None)
     run.add_argument(
-        "--executor", choices=("spark", "local"), default="spark", help="local: no Spark, no transform"
+        "--executor",
+        choices=("spark", "connect", "submit", "local"),
+        default="spark",
+        help="spark: the Spark Connect server in ONCEFLOW_SPARK_REMOTE if set, else spark-submit; "
+        "connect or submit: only that one; local: no Spark, no transform",
     )
 
     preview = sub.add_parser("preview", help="print the next epoch's ranges; changes nothing (a dry run)")

@@ -3,6 +3,10 @@
 The same `Coordinator` steps the DAG's tasks call; the runner owns each epoch it plans and keeps the
 owner's lease alive while its slices run, so a concurrent runner waits for it and ``onceflow recover``
 never rolls it back.
+
+Slices run on Spark through a long-lived Spark Connect server when ``ONCEFLOW_SPARK_REMOTE`` is set
+(``executor="connect"`` insists on it), through one spark-submit per slice otherwise
+(``executor="submit"`` insists on that), or in this process without Spark (``executor="local"``).
 """
 
 from __future__ import annotations
@@ -11,19 +15,23 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, TypeAlias
 
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator, EpochOwned, PlanResult, RecoveryReport, owner_of_this_process
+from onceflow.engine.connect import connect_sessions, failure_line, pipeline_modules, spark_remote
 from onceflow.engine.local_slice import check_local, run_slice_local
+from onceflow.engine.slice_job import run_slice
 from onceflow.engine.submit import submit_slice
-from onceflow.errors import OnceflowError
+from onceflow.errors import ConfigError, OnceflowError
 from onceflow.ledger import Epoch, Ledger
 from onceflow.pipeline import Pipeline, load_pipeline
 
-Executor: TypeAlias = Literal["spark", "local"]
+# "spark": Spark Connect when a remote is set, else spark-submit; the others choose one way.
+Executor: TypeAlias = Literal["spark", "connect", "submit", "local"]
+SliceRunner: TypeAlias = Literal["connect", "submit", "local"]
 Log = Callable[[str], None]
 # How a Python exception ends a traceback: "ValueError: boom", "pkg.module.SliceFailed: why".
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Failed|Refused): .+")
@@ -39,10 +47,25 @@ class EpochOutcome:
     epoch: Epoch
     recovery: RecoveryReport
     seconds: float = 0.0
+    executor: SliceRunner = "submit"
+    # Wall time of each step in seconds: "plan" (with recover), "process" (every slice), "commit".
+    steps: dict[str, float] = field(default_factory=dict)
 
 
 def _quiet(_: str) -> None:
     return None
+
+
+def slice_runner(executor: Executor, remote: str | None) -> SliceRunner:
+    """How slices run: ``spark`` means the Spark Connect server when one is configured."""
+    if executor == "connect" and remote is None:
+        raise ConfigError(
+            "executor 'connect' needs a Spark Connect server: set ONCEFLOW_SPARK_REMOTE=sc://host:port "
+            "(infra/spark.sh start starts one and prints it)"
+        )
+    if executor == "spark":
+        return "connect" if remote is not None else "submit"
+    return executor
 
 
 def failure_cause(stderr: str, limit: int = 1500) -> str:
@@ -99,6 +122,7 @@ def run_epoch(
     max_records_per_partition: int | None = None,
     run_id: str | None = None,
     executor: Executor = "spark",
+    spark_remote_url: str | None = None,
     wait_s: float | None = None,
     log: Log = _quiet,
 ) -> EpochOutcome:
@@ -106,13 +130,16 @@ def run_epoch(
 
     1. Recover: finish or roll back what a crashed owner left (a live owner's epoch is kept).
     2. Plan this run's epoch, waiting for a live owner's epoch to finish first.
-    3. Process each slice with a task (spark-submit, or ``executor="local"`` in this process for
+    3. Process each slice (on the Spark Connect server ``spark_remote_url``, default
+       ``ONCEFLOW_SPARK_REMOTE``; with spark-submit; or, ``executor="local"``, in this process for
        pipelines without transform and state), keeping the lease alive meanwhile.
     4. Commit, or abort with the first slice failure's cause as the reason.
     """
     settings = settings or Settings.from_env()
     spec: Pipeline = load_pipeline(pipeline_path)
-    if executor == "local":
+    remote = spark_remote_url or spark_remote()
+    runner = slice_runner(executor, remote)
+    if runner == "local":
         check_local(spec)
     run_id = run_id or f"runner__{uuid.uuid4().hex}"
     started = time.monotonic()
@@ -132,15 +159,28 @@ def run_epoch(
         epoch = ledger.epoch(spec.name, planned.epoch) if planned.epoch is not None else None
         if epoch is None or planned.status != "planned":
             raise ProcessFailed(f"nothing was planned for {spec.name!r}: " + "; ".join(planned.lines))
+        steps = {"plan": time.monotonic() - started}
         # 3.
         failures = []
         with coordinator.lease_kept(epoch.number):
             for slice_number in planned.slices_with_tasks:
-                if executor == "local":
+                if runner == "local":
                     try:
                         run_slice_local(spec, epoch.number, slice_number, epoch.attempt_token, settings)
                     except OnceflowError as exc:
                         failures.append(f"slice {slice_number} failed: {exc}")
+                    continue
+                if runner == "connect":
+                    assert remote is not None
+                    sessions = connect_sessions(
+                        remote, pipeline_modules(spec, pipeline_path), epoch.attempt_token
+                    )
+                    try:
+                        run_slice(
+                            spec, epoch.number, slice_number, epoch.attempt_token, settings, session=sessions
+                        )
+                    except Exception as exc:  # what a failed spark-submit reports by its exit status
+                        failures.append(f"slice {slice_number} failed: {failure_line(exc)}")
                     continue
                 result = submit_slice(
                     pipeline_path, epoch.number, slice_number, epoch.attempt_token, settings
@@ -149,13 +189,16 @@ def run_epoch(
                     cause = failure_cause(result.stderr)
                     failures.append(f"slice {slice_number} exited {result.returncode}: {cause}")
         # 4.
+        steps["process"] = time.monotonic() - started - steps["plan"]
         if failures:
             reason = f"process failed (run {run_id}): " + "; ".join(failures)
             coordinator.abort(number=epoch.number, reason=reason[:2000])
             raise ProcessFailed(f"{epoch} aborted: " + "\n".join(failures))
         done = coordinator.commit(number=epoch.number)
     assert done is not None
-    return EpochOutcome(planned, done, recovery, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    steps["commit"] = seconds - steps["plan"] - steps["process"]
+    return EpochOutcome(planned, done, recovery, seconds, runner, steps)
 
 
 def run_until(

@@ -1,4 +1,8 @@
-"""The driver of one slice of one epoch (what `spark_jobs/onceflow_process.py` runs).
+"""The driver of one slice of one epoch: the steps below, whichever way the Spark session is reached.
+
+Two drivers run them: `spark_jobs/onceflow_process.py` (one spark-submit per slice, `submitted_session`)
+and a Spark Connect client in the caller's process (`onceflow.engine.connect`), which sends the same
+queries to a long-lived server. Only the session differs; the ledger connection stays in the driver.
 
 Steps:
 1. Open the ledger once (the slice's only connection: tasks never touch it) and check that the epoch is
@@ -22,8 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 from onceflow.config import Settings
@@ -44,6 +48,13 @@ from onceflow.state.store import committed_state_files, state_sink
 
 # The column that carries a rejected record from a read task to the driver (null on every good row).
 DEAD_LETTER_COLUMN = "_onceflow_dead_letter"
+# Output partitions are participants: their number is fixed when the query is planned. Adaptive
+# execution changes it at run time (coalescing, local shuffle readers after a join turns into a
+# broadcast, skew splits), so a partition could have no participant: it is off for every slice.
+SLICE_SQL_CONF: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
+
+# Gives a slice its Spark session for steps 3 to 5 (and ends whatever it must when the slice is done).
+SessionFor = Callable[[Pipeline, SliceRef], AbstractContextManager[Any]]
 
 
 class SliceFailed(OnceflowError):
@@ -132,8 +143,29 @@ def precommit_slice(
     }
 
 
+@contextmanager
+def submitted_session(spec: Pipeline, ref: SliceRef) -> Iterator[Any]:
+    """The spark-submit driver's session: this JVM's, stopped with the slice (the process ends next)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"onceflow-{spec.name}-e{ref.epoch}-s{ref.slice}")
+    for key, value in SLICE_SQL_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
 def run_slice(
-    spec: Pipeline, epoch_number: int, slice_number: int, attempt_token: str, settings: Settings
+    spec: Pipeline,
+    epoch_number: int,
+    slice_number: int,
+    attempt_token: str,
+    settings: Settings,
+    *,
+    session: SessionFor = submitted_session,
 ) -> dict[str, Any]:
     """Process one slice on Spark; returns a summary (records written per sink, dead letters)."""
     with ExitStack() as stack:
@@ -143,48 +175,43 @@ def run_slice(
         if not tasks:
             return {"slice": slice_number, "tasks": 0, "results": []}
         stack.enter_context(coordinator.lease_kept(epoch.number))
-        reports, dead = _process_on_spark(spec, settings, ref, tasks)
+        with session(spec, ref) as spark:
+            reports, dead = process_on_spark(spark, spec, settings, ref, tasks)
         task_ids = [t.task_id for t in tasks]
         return precommit_slice(coordinator, slice_number, epoch, attempt_token, reports, dead, task_ids)
 
 
-def _process_on_spark(
-    spec: Pipeline, settings: Settings, ref: SliceRef, tasks: list[ReadTask]
+def process_on_spark(
+    spark: Any, spec: Pipeline, settings: Settings, ref: SliceRef, tasks: list[ReadTask]
 ) -> tuple[list[TaskReport], list[DeadLetter]]:
-    """Steps 3 to 5 on Spark: read, transform, write; the committables and dead letters come back."""
+    """Steps 3 to 5 on Spark: read, transform, write; the committables and dead letters come back.
+
+    Uses only DataFrame operations that a classic session and a Spark Connect session both have.
+    """
     from pyspark import StorageLevel
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    spark = (
-        SparkSession.builder.appName(f"onceflow-{spec.name}-e{ref.epoch}-s{ref.slice}")
-        # Output partitions are participants: their number is fixed when the query is planned. Adaptive
-        # execution changes it at run time (coalescing, local shuffle readers after a join turns into a
-        # broadcast, skew splits), so a partition could have no participant: it is off in slice jobs.
-        .config("spark.sql.adaptive.enabled", "false")
-        .getOrCreate()
+    # 3. Exact reads, decoded on the executors: Spark task i reads read task i, and its rows cross
+    # to the JVM as Arrow batches; a rejected record travels in the dead-letter column.
+    rows_schema = spark_schema(spec.format)
+    raw_schema = T.StructType(
+        [T.StructField(f.name, f.dataType, True) for f in rows_schema.fields]
+        + [T.StructField(DEAD_LETTER_COLUMN, T.StringType(), True)]
     )
+    batch_schema = arrow_schema(raw_schema)
+    width = len(rows_schema.fields)
+
+    def read(batches: Iterable[Any]) -> Iterator[Any]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                items = read_task(ref, tasks[index])
+                yield from row_batches(_with_dead_letters(items, width), batch_schema)
+
+    raw = spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read, raw_schema)
+    # Dead letters are collected first and the rows written after: keep the read so Kafka is read once.
+    raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        # 3. Exact reads, decoded on the executors: Spark task i reads read task i, and its rows cross
-        # to the JVM as Arrow batches; a rejected record travels in the dead-letter column.
-        rows_schema = spark_schema(spec.format)
-        raw_schema = T.StructType(
-            [T.StructField(f.name, f.dataType, True) for f in rows_schema.fields]
-            + [T.StructField(DEAD_LETTER_COLUMN, T.StringType(), True)]
-        )
-        batch_schema = arrow_schema(raw_schema)
-        width = len(rows_schema.fields)
-
-        def read(batches: Iterable[Any]) -> Iterator[Any]:
-            for batch in batches:
-                for index in batch.column(0).to_pylist():
-                    items = read_task(ref, tasks[index])
-                    yield from row_batches(_with_dead_letters(items, width), batch_schema)
-
-        raw = spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read, raw_schema)
-        # Dead letters are collected first and the rows written after: keep the read so Kafka is read once.
-        raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
         dead_column = F.col(DEAD_LETTER_COLUMN)
         dead = [
             DeadLetter.from_json(r[0])
@@ -200,9 +227,9 @@ def _process_on_spark(
         reports: list[TaskReport] = []
         for sink, frame_out in writes:
             reports += _write_sink(ref, sink, frame_out, [t.task_id for t in tasks])
-        raw.unpersist()
     finally:
-        spark.stop()
+        # A long-lived session outlives the slice: never leave its cache holding this read.
+        raw.unpersist()
     return reports, dead
 
 
@@ -232,6 +259,20 @@ def _outputs(spark: Any, spec: Pipeline, settings: Settings, output: Any) -> lis
     return [*((sink, touched) for sink in spec.sinks), (snapshot_sink, snapshot)]
 
 
+def output_partitions(frame: Any) -> int | None:
+    """How many partitions a DataFrame's query has, when the session can tell without running it.
+
+    A classic session plans it (``DataFrame.rdd``); a Spark Connect session has no RDDs, so the
+    count is unknown there and the writer repartitions to one partition per task.
+    """
+    from pyspark.errors import PySparkNotImplementedError
+
+    try:
+        return int(frame.rdd.getNumPartitions())
+    except PySparkNotImplementedError:  # a Spark Connect DataFrame
+        return None
+
+
 def _write_sink(ref: SliceRef, sink: SinkSpec, frame: Any, task_ids: list[str]) -> list[TaskReport]:
     from pyspark import TaskContext as SparkTaskContext
     from pyspark.sql import types as T
@@ -245,7 +286,7 @@ def _write_sink(ref: SliceRef, sink: SinkSpec, frame: Any, task_ids: list[str]) 
                 f"({frame.columns}) does not have"
             )
         frame = frame.select(*columns)
-    if frame.rdd.getNumPartitions() != len(task_ids):
+    if output_partitions(frame) != len(task_ids):
         frame = frame.repartition(len(task_ids))
 
     text = T.StringType()

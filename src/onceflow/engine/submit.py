@@ -16,6 +16,8 @@ from onceflow.config import Settings
 
 # Spark settings of every slice job: no UI (one per epoch would be noise), few shuffle partitions.
 SPARK_CONF: dict[str, str] = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
+# pyspark's switches to Spark Connect mode, which a spark-submit child must not inherit.
+CONNECT_MODE_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
 
 
 def spark_application() -> str:
@@ -47,6 +49,10 @@ def spark_environment(settings: Settings, base: Mapping[str, str] | None = None)
     """Environment for spark-submit: the settings, this venv's spark-submit and Python (driver and
     executors), and this process's import path, so the pipeline's modules import the same way."""
     env = dict(os.environ if base is None else base)
+    # A spark-submit slice job is a classic driver, even when this process also holds a Spark Connect
+    # session (pyspark then marks its own environment as Connect mode, which a child would inherit).
+    for key in CONNECT_MODE_ENV:
+        env.pop(key, None)
     env.update(settings.as_env())
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# Local Spark runtime for onceflow, from the pyspark wheel in the virtualenv: a standalone master, two
+# workers (separate processes, loopback) and a Spark Connect server running as an application on them,
+# with Spark's Kafka source on its classpath. Slices sent to it skip the JVM start-up of a spark-submit.
+#   infra/spark.sh jars      resolve the Kafka source for this pyspark version into $ONCEFLOW_CACHE
+#   infra/spark.sh start     start what is not running, wait until the Connect server accepts a session,
+#                            then print ONCEFLOW_SPARK_REMOTE=sc://... on stdout (progress on stderr)
+#   infra/spark.sh stop      stop by pid (SIGTERM, then SIGKILL); `stop --kill` sends SIGKILL at once
+#   infra/spark.sh status    exit 0 when every process runs and the Connect server answers
+set -euo pipefail
+# shellcheck source=infra/env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+
+RUN="$ONCEFLOW_SPARK_DATA"
+REMOTE="sc://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_CONNECT_PORT"
+MASTER_URL="spark://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_MASTER_PORT"
+WORKERS=(1 2)
+
+[ -x "$ONCEFLOW_SPARK_PYTHON" ] || onceflow_die \
+  "$ONCEFLOW_SPARK_PYTHON not found: run \`make venv\` first, or set ONCEFLOW_SPARK_PYTHON to a Python with pyspark"
+read -r SPARK_VERSION SPARK_HOME < <("$ONCEFLOW_SPARK_PYTHON" -c \
+  'import os, pyspark; print(pyspark.__version__, os.path.dirname(pyspark.__file__))') \
+  || onceflow_die "pyspark is not installed in $ONCEFLOW_SPARK_PYTHON: run \`make venv\`"
+export SPARK_HOME
+LIBS="$ONCEFLOW_CACHE/spark-kafka-$SPARK_VERSION/jars"
+
+# Every Spark process: loopback only, its configuration, scratch space and logs under $RUN.
+export SPARK_LOCAL_IP="$ONCEFLOW_SPARK_HOST"
+export SPARK_CONF_DIR="$RUN/conf"
+export SPARK_LOCAL_DIRS="$RUN/local"
+# Executors run the venv's Python, so onceflow imports on them; pipelines' own modules come per session.
+export PYSPARK_PYTHON="$ONCEFLOW_SPARK_PYTHON"
+
+jars() {
+  if [ -f "$LIBS/.complete" ]; then
+    onceflow_say "Spark Kafka source for Spark $SPARK_VERSION already in $LIBS"
+    return
+  fi
+  command -v mvn >/dev/null || onceflow_die "mvn not found: install Maven (apt-get install maven) to resolve the Spark Kafka source"
+  onceflow_say "resolving the Spark Kafka source (spark-sql-kafka-0-10_2.13 $SPARK_VERSION) from Maven Central into $LIBS"
+  local resolved="$LIBS.resolving"
+  rm -rf "$LIBS" "$resolved"; mkdir -p "$LIBS" "$resolved"
+  mvn -q -B -Dstyle.color=never -f "$ONCEFLOW_ROOT/infra/spark/pom.xml" dependency:copy-dependencies \
+    -Dspark.version="$SPARK_VERSION" -Dspark.minor="${SPARK_VERSION%.*}" -DincludeScope=runtime \
+    -DoutputDirectory="$resolved" 2>&1 | sed 's/\x1b\[[0-9;]*m//g' >&2
+  # Keep only what the wheel does not ship: two versions of one library on a classpath is a conflict.
+  local jar name base
+  for jar in "$resolved"/*.jar; do
+    name=$(basename "$jar" .jar); base=${name%-[0-9]*}
+    if compgen -G "$SPARK_HOME/jars/$base-[0-9]*.jar" >/dev/null; then continue; fi
+    mv "$jar" "$LIBS/"
+  done
+  rm -rf "$resolved"
+  [ -n "$(compgen -G "$LIBS/spark-sql-kafka-0-10_*.jar")" ] || onceflow_die "the Spark Kafka source was not resolved into $LIBS"
+  touch "$LIBS/.complete"
+}
+
+write_config() {
+  mkdir -p "$SPARK_CONF_DIR" "$SPARK_LOCAL_DIRS"
+  # Spark's log4j2 default logs INFO to stderr (the log files below); keep the noisy parts at WARN.
+  cat > "$SPARK_CONF_DIR/log4j2.properties" <<CONF
+# Written by infra/spark.sh.
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.deploy.name = org.apache.spark.deploy
+logger.deploy.level = info
+logger.connect.name = org.apache.spark.sql.connect.service
+logger.connect.level = info
+CONF
+}
+
+pidfile() { printf '%s/%s.pid' "$RUN" "$1"; }
+logfile() { printf '%s/%s.log' "$RUN" "$1"; }
+alive() { kill -0 "$(cat "$(pidfile "$1")" 2>/dev/null)" 2>/dev/null; }
+
+# Start NAME (a pid and a log under $RUN) running COMMAND..., unless it runs already.
+launch() {
+  local name=$1; shift
+  if alive "$name"; then
+    onceflow_say "Spark $name already running (pid $(cat "$(pidfile "$name")"))"
+    return
+  fi
+  : > "$(logfile "$name")"
+  # spark-class and spark-submit exec the JVM, so the pid written is the JVM's.
+  (cd "$RUN" && exec nohup "$@" >>"$(logfile "$name")" 2>&1 < /dev/null) &
+  echo $! > "$(pidfile "$name")"
+}
+
+master_answers() { onceflow_port_open "$ONCEFLOW_SPARK_HOST" "$ONCEFLOW_SPARK_MASTER_PORT"; }
+worker_registered() { grep -q "Successfully registered with master" "$(logfile "worker-$1")" 2>/dev/null; }
+
+# A session really answers: it is created and runs a job on the cluster's executors.
+session_answers() {
+  onceflow_port_open "$ONCEFLOW_SPARK_HOST" "$ONCEFLOW_SPARK_CONNECT_PORT" || return 1
+  timeout 60 "$ONCEFLOW_SPARK_PYTHON" - "$REMOTE" <<'PY'
+import sys
+from pyspark.sql import SparkSession
+
+session = SparkSession.builder.remote(sys.argv[1]).create()
+try:
+    assert session.range(0, 4, 1, 2).count() == 4
+finally:
+    session.stop()
+PY
+}
+
+start_master() {
+  if ! alive master && master_answers; then
+    onceflow_die "port $ONCEFLOW_SPARK_MASTER_PORT is taken by another process; set ONCEFLOW_SPARK_MASTER_PORT"
+  fi
+  alive master || onceflow_say "starting the Spark $SPARK_VERSION master on $MASTER_URL (UI on http://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_MASTER_UI_PORT)"
+  SPARK_DAEMON_MEMORY="$ONCEFLOW_SPARK_DAEMON_MEMORY" launch master "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
+    --host "$ONCEFLOW_SPARK_HOST" --port "$ONCEFLOW_SPARK_MASTER_PORT" --webui-port "$ONCEFLOW_SPARK_MASTER_UI_PORT"
+  onceflow_wait_for "Spark master" "$(pidfile master)" 120 "$(logfile master)" master_answers
+}
+
+start_worker() {
+  local n=$1
+  alive "worker-$n" || onceflow_say "starting Spark worker $n ($ONCEFLOW_SPARK_WORKER_CORES cores, $ONCEFLOW_SPARK_WORKER_MEMORY)"
+  mkdir -p "$RUN/work-$n"
+  SPARK_DAEMON_MEMORY="$ONCEFLOW_SPARK_DAEMON_MEMORY" \
+    SPARK_WORKER_OPTS="-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.appDataTtl=86400" \
+    launch "worker-$n" "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
+    --host "$ONCEFLOW_SPARK_HOST" --cores "$ONCEFLOW_SPARK_WORKER_CORES" --memory "$ONCEFLOW_SPARK_WORKER_MEMORY" \
+    --webui-port $((ONCEFLOW_SPARK_MASTER_UI_PORT + n)) --work-dir "$RUN/work-$n" "$MASTER_URL"
+}
+
+start_connect() {
+  if ! alive connect && onceflow_port_open "$ONCEFLOW_SPARK_HOST" "$ONCEFLOW_SPARK_CONNECT_PORT"; then
+    onceflow_die "port $ONCEFLOW_SPARK_CONNECT_PORT is taken by another process; set ONCEFLOW_SPARK_CONNECT_PORT"
+  fi
+  alive connect || onceflow_say "starting the Spark Connect server on $REMOTE (UI on http://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_UI_PORT)"
+  local jar_list
+  jar_list=$(compgen -G "$LIBS/*.jar" | paste -sd, -)
+  # Slices set their own SQL settings per session; these are the cluster-wide ones. Output partitions
+  # are participants, so adaptive execution (which changes their number at run time) is off by default.
+  # A client killed mid-query is noticed when its response stream ends (a live client reattaches at
+  # once, every 20 s); the query, then detached, is interrupted after the detached timeout.
+  # (spark-submit sizes this server's heap from SPARK_DAEMON_MEMORY, as for the other daemons.)
+  SPARK_DAEMON_MEMORY="$ONCEFLOW_SPARK_DRIVER_MEMORY" launch connect "$SPARK_HOME/bin/spark-submit" \
+    --class org.apache.spark.sql.connect.service.SparkConnectServer --name "onceflow Spark Connect server" \
+    --master "$MASTER_URL" --driver-memory "$ONCEFLOW_SPARK_DRIVER_MEMORY" --jars "$jar_list" \
+    --conf "spark.executor.memory=$ONCEFLOW_SPARK_EXECUTOR_MEMORY" \
+    --conf "spark.executor.cores=$ONCEFLOW_SPARK_WORKER_CORES" \
+    --conf "spark.pyspark.python=$ONCEFLOW_SPARK_PYTHON" \
+    --conf "spark.connect.grpc.binding.address=$ONCEFLOW_SPARK_HOST" \
+    --conf "spark.connect.grpc.binding.port=$ONCEFLOW_SPARK_CONNECT_PORT" \
+    --conf "spark.ui.port=$ONCEFLOW_SPARK_UI_PORT" \
+    --conf "spark.sql.adaptive.enabled=false" \
+    --conf "spark.sql.shuffle.partitions=4" \
+    --conf "spark.task.maxFailures=4" \
+    --conf "spark.connect.execute.reattachable.senderMaxStreamDuration=20s" \
+    --conf "spark.connect.execute.manager.detachedTimeout=$ONCEFLOW_SPARK_DETACHED_TIMEOUT" \
+    --conf "spark.connect.execute.manager.maintenanceInterval=5s"
+}
+
+remote_line() { printf 'ONCEFLOW_SPARK_REMOTE=%q\n' "$REMOTE"; }
+
+start() {
+  jars
+  mkdir -p "$RUN"
+  write_config
+  start_master
+  local n
+  for n in "${WORKERS[@]}"; do start_worker "$n"; done
+  for n in "${WORKERS[@]}"; do
+    onceflow_wait_for "Spark worker $n" "$(pidfile "worker-$n")" 120 "$(logfile "worker-$n")" worker_registered "$n"
+  done
+  start_connect
+  onceflow_wait_for "Spark Connect server" "$(pidfile connect)" 180 "$(logfile connect)" session_answers
+  onceflow_say "Spark is up: master $MASTER_URL, ${#WORKERS[@]} workers, Spark Connect on $REMOTE; logs in $RUN"
+  remote_line
+}
+
+stop() {
+  local signal=TERM
+  [ "${1:-}" = "--kill" ] && signal=KILL
+  onceflow_stop_pid "Spark Connect server" "$(pidfile connect)" 60 "$signal"
+  local n
+  for n in "${WORKERS[@]}"; do onceflow_stop_pid "Spark worker $n" "$(pidfile "worker-$n")" 30 "$signal"; done
+  onceflow_stop_pid "Spark master" "$(pidfile master)" 30 "$signal"
+}
+
+status() {
+  local name
+  for name in master worker-1 worker-2 connect; do alive "$name" || return 1; done
+  session_answers >/dev/null 2>&1
+}
+
+case "${1:-}" in
+  jars) jars ;;
+  start) start ;;
+  stop) shift; stop "$@" ;;
+  restart) stop; start ;;
+  status) status ;;
+  env) remote_line ;;
+  *) echo "usage: $0 jars|start|stop [--kill]|restart|status|env" >&2; exit 2 ;;
+esac
