@@ -4,6 +4,7 @@
 #   infra/kafka.sh start     format storage on first start, start, wait until it answers (data kept on restart)
 #   infra/kafka.sh stop      stop by pid (SIGTERM, then SIGKILL); `stop --kill` sends SIGKILL at once
 #   infra/kafka.sh status    exit 0 when the broker answers
+#   infra/kafka.sh consumer-groups|topics ARGS   Kafka's own tools against the local broker
 set -euo pipefail
 # shellcheck source=infra/env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -14,7 +15,10 @@ LOG="$ONCEFLOW_KAFKA_DATA/kafka.log"
 CONF="$ONCEFLOW_KAFKA_DATA/server.properties"
 
 jars() {
-  if [ -f "$LIBS/.complete" ]; then
+  # The marker holds the pom's checksum: a pom that gained an artifact resolves again.
+  local want
+  want=$(sha256sum "$ONCEFLOW_ROOT/infra/kafka/pom.xml" | cut -c1-64)
+  if [ -f "$LIBS/.complete" ] && [ "$(cat "$LIBS/.complete")" = "$want" ]; then
     onceflow_say "Kafka $ONCEFLOW_KAFKA_VERSION jars already in $LIBS"
     return
   fi
@@ -25,7 +29,7 @@ jars() {
   mvn -q -B -Dstyle.color=never -f "$ONCEFLOW_ROOT/infra/kafka/pom.xml" dependency:copy-dependencies \
     -Dkafka.version="$ONCEFLOW_KAFKA_VERSION" -DincludeScope=runtime -DoutputDirectory="$LIBS" 2>&1 \
     | sed 's/\x1b\[[0-9;]*m//g' >&2
-  touch "$LIBS/.complete"
+  echo "$want" > "$LIBS/.complete"
 }
 
 classpath() { printf '%s' "$LIBS/*"; }
@@ -97,6 +101,21 @@ start() {
   onceflow_say "Kafka is up (pid $(cat "$PIDFILE"))"
 }
 
+# Kafka's own command-line tools against the local broker, e.g.
+#   infra/kafka.sh consumer-groups --describe --group onceflow-orders
+tool() {
+  local class
+  case "$1" in
+    consumer-groups) class=org.apache.kafka.tools.consumer.group.ConsumerGroupCommand ;;
+    topics) class=kafka.admin.TopicCommand ;;
+    *) onceflow_die "unknown tool $1 (consumer-groups or topics)" ;;
+  esac
+  shift
+  [ -f "$LIBS/.complete" ] || jars
+  java -Dlog4j2.configurationFile="$ONCEFLOW_ROOT/infra/kafka/log4j2-tools.yaml" -cp "$(classpath)" "$class" \
+    --bootstrap-server "$ONCEFLOW_KAFKA_BOOTSTRAP" "$@"
+}
+
 stop() {
   local signal=TERM
   [ "${1:-}" = "--kill" ] && signal=KILL
@@ -109,5 +128,6 @@ case "${1:-}" in
   stop) shift; stop "$@" ;;
   restart) stop; start ;;
   status) answers && running ;;
-  *) echo "usage: $0 jars|start|stop [--kill]|restart|status" >&2; exit 2 ;;
+  consumer-groups|topics) tool "$@" ;;
+  *) echo "usage: $0 jars|start|stop [--kill]|restart|status|consumer-groups ARGS|topics ARGS" >&2; exit 2 ;;
 esac

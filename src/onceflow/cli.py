@@ -191,6 +191,7 @@ def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | N
             backlog = _backlog(spec, committed, bootstrap, args.kafka_timeout)
         except OnceflowError as exc:  # Kafka out of reach only costs the lag column
             kafka = f"lag unknown: {exc}"
+    group, in_group = _group_positions(args.pipeline, committed, settings, kafka == "ok", args.kafka_timeout)
     keys = sorted({*committed, *backlog})
     positions = [
         {
@@ -201,14 +202,18 @@ def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | N
             "lag": backlog[(topic, part)][1] - backlog[(topic, part)][0]
             if (topic, part) in backlog
             else None,
+            "group_offset": in_group.get((topic, part)),
         }
         for topic, part in keys
     ]
+    behind = [p for p in positions if p["committed"] is not None and p["group_offset"] != p["committed"]]
     result = {
         "pipeline": args.pipeline,
         "positions": positions,
         "in_flight": None if in_flight is None else _epoch_dict(ledger, in_flight),
         "kafka": kafka,
+        "consumer_group": group,
+        "group_matches_ledger": None if not in_group else not behind,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -222,11 +227,33 @@ def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | N
         print(f"  {p['topic']}[{p['partition']}] {where} {lag}")
     if kafka != "ok":
         print(f"  {kafka}")
+    if in_group and behind:
+        where = ", ".join(f"{p['topic']}[{p['partition']}] at {p['group_offset']}" for p in behind)
+        print(
+            f"  consumer group {group!r} differs from the ledger ({where}); the ledger holds the position "
+            "and the next committed epoch writes the group again"
+        )
     if in_flight is None:
         print("  no epoch in flight")
     else:
         print(f"  in flight: epoch {in_flight.number} {in_flight.status} since {_time(in_flight.planned_at)}")
     return 0
+
+
+def _group_positions(
+    pipeline: str, committed: dict[Any, int], settings: Settings | None, reachable: bool, timeout: float
+) -> tuple[str, dict[Any, int | None]]:
+    """The position group's offsets of the committed partitions (empty when Kafka is out of reach)."""
+    from onceflow.sources.consumer_group import group_positions, position_group
+
+    group = position_group(pipeline)
+    if not committed or not reachable:
+        return group, {}
+    bootstrap = (settings or Settings.from_env()).kafka_bootstrap
+    try:
+        return group, group_positions(bootstrap, group, committed, timeout_s=timeout)
+    except Exception:  # the group is a copy for Kafka's tools; status still shows the ledger's truth
+        return group, {}
 
 
 def _coordinator(ledger: Ledger, pipeline: str, settings: Settings | None) -> Coordinator:

@@ -603,6 +603,8 @@ class Coordinator:
            so a retry after a crash between commit and mark is harmless), then mark them COMMITTED.
         5. Complete: COMMITTING -> COMMITTED with the epoch's staged state, in one transaction, which is
            what moves the source position and the state forward (invariant 7).
+        6. Show the new position to Kafka's tools as consumer group ``onceflow-<pipeline>`` (a copy of
+           the ledger's, best effort: a failure is logged and `onceflow status` reports the difference).
         """
         # 1.
         epoch = self._find("commit", number, run_id)
@@ -625,7 +627,40 @@ class Coordinator:
         # 5.
         done = self.ledger.complete_commit(self.pipeline, epoch.number)
         self.log(f"{done}: every participant committed")
+        # 6.
+        self.show_position()
         return done
+
+    def position_group(self) -> str | None:
+        """The consumer group this coordinator keeps in step with the ledger: ``onceflow-<pipeline>``,
+        unless one of the pipeline's sinks commits that group inside its own transaction."""
+        from onceflow.sources.consumer_group import position_group
+
+        if self.spec is None:
+            return None
+        group = position_group(self.pipeline)
+        for sink in self.spec.sinks:
+            kind = sink_kind(sink.kind)
+            if kind.consumer_group(kind.config_for(sink, self.settings), self.pipeline) == group:
+                return None
+        return group
+
+    def show_position(self) -> None:
+        """Step 6 of `commit`: write the ledger's committed positions to the position group."""
+        from onceflow.sources.consumer_group import publish_positions
+
+        group = self.position_group()
+        if group is None or self.settings is None:
+            return
+        try:
+            publish_positions(
+                self.settings.kafka_bootstrap, group, self.ledger.committed_offsets(self.pipeline)
+            )
+        except Exception as exc:  # a copy for Kafka's tools: it never fails a commit that is done
+            self.log(
+                f"pipeline {self.pipeline!r}: consumer group {group!r} not updated ({exc}); the ledger "
+                "holds the position, and the next committed epoch writes the group again"
+            )
 
     def _commit_participants(self, epoch: Epoch) -> int:
         done = 0
@@ -715,6 +750,7 @@ class Coordinator:
             committed = self._commit_participants(epoch)
             crash_point("during_recover")
             self.ledger.complete_commit(self.pipeline, epoch.number)
+            self.show_position()
             report = RecoveryReport(self.pipeline, epoch.number, "committed", why, committed)
         elif epoch is not None and action == "abort":
             # 3.

@@ -36,6 +36,7 @@ from onceflow.sinks.errors import (
 )
 from onceflow.sinks.registry import SinkKind, SinkSetting
 from onceflow.sinks.staging import StagedFileWriter, StagingArea, sha256_file
+from onceflow.sources.consumer_group import position_group
 
 if TYPE_CHECKING:
     from confluent_kafka import Producer
@@ -115,7 +116,8 @@ def transactional_id(pipeline: str, sink: str, slice_: int) -> str:
 
 
 def group_id(pipeline: str) -> str:
-    return f"onceflow-{check_name('pipeline', pipeline)}"
+    """The default group: the one that shows the pipeline's position to Kafka's tools."""
+    return position_group(pipeline)
 
 
 def _as_bytes(value: Any, what: str) -> bytes:
@@ -403,6 +405,7 @@ def _plan_checks(spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_
 
 SINK_KIND = SinkKind(
     name=KIND,
+    consumer_group=lambda config, pipeline: _as_config(config).group_for(pipeline),
     writer=KafkaWriter,
     committer=KafkaCommitter,
     guarantee="exactly_once",

@@ -38,6 +38,10 @@ def _no_defaults(settings: Settings) -> dict[str, Any]:
     return {}
 
 
+def _no_group(config: Mapping[str, Any], pipeline: str) -> str | None:
+    return None
+
+
 def pg_defaults(settings: Settings) -> dict[str, Any]:
     """A PostgreSQL sink without ``dsn`` writes to the deployment's PostgreSQL."""
     return {"dsn": settings.pg_dsn}
@@ -96,6 +100,8 @@ class SinkKind:
     ``defaults(settings)`` fills settings the sink's config leaves out from the deployment's `Settings`
     (e.g. the PostgreSQL DSN), so sinks get their settings explicitly, never through the process
     environment. ``settings`` documents the config keys users may write (`SinkSetting`).
+    ``consumer_group(config, pipeline)`` names the Kafka consumer group a sink commits the input
+    offsets to inside its own transaction, if it does (then nothing else may write that group).
     """
 
     name: str
@@ -109,6 +115,7 @@ class SinkKind:
     plan_checks: Callable[[Pipeline, Sequence[Mapping[str, Any]], int], None] = _no_checks
     defaults: Callable[[Settings], dict[str, Any]] = _no_defaults
     settings: tuple[SinkSetting, ...] = ()
+    consumer_group: Callable[[Mapping[str, Any], str], str | None] = _no_group
 
     def config_for(self, sink: SinkSpec, settings: Settings | None) -> dict[str, Any]:
         """The config a writer or committer of ``sink`` is built from: the kind's defaults from the
