@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from onceflow.engine.connect import (
-    failure_line,
     module_bundle,
     own_packages,
     pipeline_modules,
@@ -92,24 +91,6 @@ def test_a_bundle_holds_the_packages_sources_and_is_named_by_content(tmp_path: P
     changed = module_bundle(["shopx", "lonely_x"], tmp_path / "out")
     assert changed is not None and changed.name != first.name
     assert module_bundle([], tmp_path / "out") is None
-
-
-def test_a_failure_line_is_the_exception_a_python_worker_raised() -> None:
-    worker = RuntimeError(
-        "An exception was thrown from the Python worker. Please see the stack trace below.\n"
-        "Traceback (most recent call last):\n"
-        '  File "x.py", line 3, in refuse\n'
-        "ValueError: amount refused\n"
-    )
-    assert failure_line(worker) == "RuntimeError: ValueError: amount refused"
-    assert failure_line(ConfigError("bad setting")) == "ConfigError: bad setting"
-    lost = ConnectionError(
-        "<_InactiveRpcError of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n"
-        '\tdetails = "failed to connect to all addresses"\n\tdebug_error_string = "..."\n>'
-    )
-    assert failure_line(lost) == (
-        'ConnectionError: status = StatusCode.UNAVAILABLE; details = "failed to connect to all addresses"'
-    )
 
 
 def test_a_spark_submit_child_never_inherits_spark_connect_mode(tmp_path: Path) -> None:

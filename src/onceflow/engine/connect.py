@@ -23,7 +23,6 @@ import atexit
 import hashlib
 import importlib.util
 import os
-import re
 import sys
 import tempfile
 import threading
@@ -35,6 +34,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from onceflow.engine.failures import failure_line
 from onceflow.engine.slice_job import SLICE_SQL_CONF, SessionFor, log
 from onceflow.errors import ConfigError
 from onceflow.executor.slices import SliceRef
@@ -45,7 +45,6 @@ REMOTE_ENV = "ONCEFLOW_SPARK_REMOTE"
 # a second copy would shadow the first. Everything under the prefix (site-packages) is installed too.
 INSTALLED_PACKAGES = frozenset({"onceflow"})
 # How a Python traceback ends: "ValueError: boom", "pkg.module.SliceFailed: why".
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Failed|Refused): .+")
 # Retries of a call to the server: 0.1 s doubling up to 5 s, 8 times (about 20 s in all).
 RETRY_POLICY: dict[str, Any] = {
     "max_retries": 8,
@@ -255,18 +254,6 @@ def server_unreachable(exc: BaseException) -> bool:
     """Whether a failure says that the server cannot be reached (gone, or restarting): then nothing is
     left to interrupt there, and asking would only wait for the client's retries."""
     return "StatusCode.UNAVAILABLE" in str(exc)
-
-
-def failure_line(exc: BaseException) -> str:
-    """One line for a failure (a slice's abort reason), from a Spark or onceflow exception: for an
-    error raised in a Python worker, the traceback's own last line (``ValueError: ...``); for a lost
-    server, the gRPC status and details."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
-    # A gRPC failure (the server went away) says what happened in its status and details lines.
-    grpc = [line for line in lines if line.startswith(("status = ", "details = "))]
-    text = raised[-1] if raised else "; ".join(grpc) if grpc else lines[0] if lines else ""
-    return f"{type(exc).__name__}: {text}"[:500]
 
 
 def connect_sessions(remote: str, modules: list[str], attempt_token: str) -> SessionFor:

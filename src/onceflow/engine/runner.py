@@ -11,7 +11,6 @@ Slices run on Spark through a long-lived Spark Connect server when ``ONCEFLOW_SP
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -21,7 +20,8 @@ from typing import Literal, TypeAlias
 
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator, EpochOwned, PlanResult, RecoveryReport, owner_of_this_process
-from onceflow.engine.connect import connect_sessions, failure_line, pipeline_modules, spark_remote
+from onceflow.engine.connect import connect_sessions, pipeline_modules, spark_remote
+from onceflow.engine.failures import cause_in_output, failure_line
 from onceflow.engine.local_slice import check_local, run_slice_local
 from onceflow.engine.slice_job import run_slice
 from onceflow.engine.submit import submit_slice
@@ -34,7 +34,6 @@ Executor: TypeAlias = Literal["spark", "connect", "submit", "local"]
 SliceRunner: TypeAlias = Literal["connect", "submit", "local"]
 Log = Callable[[str], None]
 # How a Python exception ends a traceback: "ValueError: boom", "pkg.module.SliceFailed: why".
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Failed|Refused): .+")
 
 
 class ProcessFailed(OnceflowError):
@@ -66,22 +65,6 @@ def slice_runner(executor: Executor, remote: str | None) -> SliceRunner:
     if executor == "spark":
         return "connect" if remote is not None else "submit"
     return executor
-
-
-def failure_cause(stderr: str, limit: int = 1500) -> str:
-    """The first exception a failed slice job printed (the transform's or a sink's), else its tail.
-
-    Spark prints its shutdown lines after the Python traceback, so the tail alone hides the cause.
-    """
-    for line in stderr.splitlines():
-        text = line.strip()
-        if text.startswith("[onceflow process] failed:"):
-            return text.removeprefix("[onceflow process] ")[:limit]
-    for line in stderr.splitlines():
-        text = line.strip()
-        if _EXCEPTION_LINE.match(text) and not text.startswith(("py4j.", "org.apache")):
-            return text[:limit]
-    return stderr.strip()[-limit:]
 
 
 def _plan_when_free(
@@ -186,7 +169,7 @@ def run_epoch(
                     pipeline_path, epoch.number, slice_number, epoch.attempt_token, settings
                 )
                 if result.returncode != 0:
-                    cause = failure_cause(result.stderr)
+                    cause = cause_in_output(result.stdout + "\n" + result.stderr)
                     failures.append(f"slice {slice_number} exited {result.returncode}: {cause}")
         # 4.
         steps["process"] = time.monotonic() - started - steps["plan"]

@@ -26,12 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator
+from onceflow.engine.failures import failure_line
 from onceflow.engine.planning import slices_of
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.executor.arrow_rows import arrow_schema, batch_rows, row_batches
@@ -175,10 +177,28 @@ def run_slice(
         if not tasks:
             return {"slice": slice_number, "tasks": 0, "results": []}
         stack.enter_context(coordinator.lease_kept(epoch.number))
-        with session(spec, ref) as spark:
-            reports, dead = process_on_spark(spark, spec, settings, ref, tasks)
+        try:
+            with session(spec, ref) as spark:
+                reports, dead = process_on_spark(spark, spec, settings, ref, tasks)
+        except Exception as exc:
+            raise _failed(coordinator, epoch, slice_number, exc) from exc
         task_ids = [t.task_id for t in tasks]
         return precommit_slice(coordinator, slice_number, epoch, attempt_token, reports, dead, task_ids)
+
+
+def _failed(coordinator: Coordinator, epoch: Epoch, slice_number: int, exc: Exception) -> SliceFailed:
+    """A slice cannot pre-commit once its processing raised, so its epoch cannot commit: abort it now,
+    with the first exception of the transform or sink (and its frame) as the reason, where the runner,
+    the Airflow abort task and `onceflow epochs` all find it. The abort is idempotent, so an orchestrator
+    that aborts after this finds the epoch aborted already."""
+    cause = failure_line(exc)
+    try:
+        coordinator.abort(number=epoch.number, reason=f"process failed: slice {slice_number}: {cause}")
+    except (
+        Exception
+    ) as abort_failed:  # a refusal (already decided) or the ledger gone: the cause still travels
+        log(f"could not record the cause in the ledger ({failure_line(abort_failed)})")
+    return SliceFailed(f"slice {slice_number} of {epoch}: {cause}")
 
 
 def process_on_spark(
@@ -323,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_slice(spec, args.epoch, args.slice, args.attempt_token, Settings.from_env())
     except OnceflowError as exc:
+        if exc.__cause__ is not None:  # the whole traceback for the task log; the cause line comes last
+            traceback.print_exception(exc.__cause__, file=sys.stderr)
         log(f"failed: {exc}")
         return 1
     print(json.dumps(summary))
