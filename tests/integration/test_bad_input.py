@@ -116,8 +116,12 @@ def world(settings, kafka_admin, tmp_path_factory) -> Iterator[dict[str, str]]: 
     )
     wait_for_leaders(kafka_admin, topic, 2, timeout_s=30)
     produce(settings.kafka_bootstrap, topic, orders(0, RECORDS))
+    ledger_url = f"sqlite:///{folder / 'ledger.db'}"  # a ledger of its own, created here
+    with Ledger.connect(ledger_url, check=False) as ledger:
+        ledger.upgrade()
     env = {
         **{k: v for k, v in os.environ.items() if k != "ONCEFLOW_DEBUG"},
+        "ONCEFLOW_LEDGER_URL": ledger_url,
         "PYTHONPATH": str(folder),
         "BAD_TOPIC": topic,
         "BAD_TABLE": f"bad_input_{suffix}",
@@ -268,7 +272,7 @@ def _onceflow(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProce
 
 def _nothing_written(env: dict[str, str], settings) -> None:  # type: ignore[no-untyped-def]
     pipeline, table = env["BAD_PIPELINE"], env["BAD_TABLE"]
-    with Ledger.connect(settings.ledger_url) as ledger:
+    with Ledger.connect(env["ONCEFLOW_LEDGER_URL"]) as ledger:
         assert ledger.epochs(pipeline) == [], "a refused command planned an epoch"
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
         prepared = conn.execute(
