@@ -183,15 +183,15 @@ def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | N
     spec = known_pipeline(ledger, args.pipeline)
     committed = ledger.committed_offsets(args.pipeline)
     in_flight = ledger.open_epoch(args.pipeline)
+    bootstrap = (settings or Settings.from_env()).kafka_bootstrap
     kafka = "ok"
     backlog: dict[Any, Any] = {}
     if committed or spec is not None:
         try:
-            bootstrap = (settings or Settings.from_env()).kafka_bootstrap
             backlog = _backlog(spec, committed, bootstrap, args.kafka_timeout)
         except OnceflowError as exc:  # Kafka out of reach only costs the lag column
             kafka = f"lag unknown: {exc}"
-    group, in_group = _group_positions(args.pipeline, committed, settings, kafka == "ok", args.kafka_timeout)
+    group, in_group = _group_positions(args.pipeline, committed, bootstrap, kafka == "ok", args.kafka_timeout)
     keys = sorted({*committed, *backlog})
     positions = [
         {
@@ -241,7 +241,7 @@ def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | N
 
 
 def _group_positions(
-    pipeline: str, committed: dict[Any, int], settings: Settings | None, reachable: bool, timeout: float
+    pipeline: str, committed: dict[Any, int], bootstrap: str, reachable: bool, timeout: float
 ) -> tuple[str, dict[Any, int | None]]:
     """The position group's offsets of the committed partitions (empty when Kafka is out of reach)."""
     from onceflow.sources.consumer_group import group_positions, position_group
@@ -249,7 +249,6 @@ def _group_positions(
     group = position_group(pipeline)
     if not committed or not reachable:
         return group, {}
-    bootstrap = (settings or Settings.from_env()).kafka_bootstrap
     try:
         return group, group_positions(bootstrap, group, committed, timeout_s=timeout)
     except Exception:  # the group is a copy for Kafka's tools; status still shows the ledger's truth

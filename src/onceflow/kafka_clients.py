@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from onceflow.errors import debug_enabled
+from onceflow.errors import debug_enabled, one_line
 
 LOGGER_NAME = "onceflow.librdkafka"
 
@@ -22,6 +22,14 @@ def librdkafka_logger() -> logging.Logger:
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.DEBUG if debug_enabled() else logging.CRITICAL + 1)
     return logger
+
+
+def kafka_error_text(exc: BaseException) -> str:
+    """A Kafka client error's own text (its `KafkaError`'s, without the wrapper's repr), on one line."""
+    from confluent_kafka import KafkaError
+
+    error = exc.args[0] if exc.args else None
+    return one_line(error.str() if isinstance(error, KafkaError) else exc)
 
 
 def kafka_config(bootstrap: str, settings: Mapping[str, Any] | None = None) -> dict[str, Any]:

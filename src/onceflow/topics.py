@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from onceflow.config import Settings
-from onceflow.errors import ConfigError, OnceflowError, ServiceUnavailable, one_line
-from onceflow.kafka_clients import kafka_config
+from onceflow.errors import ConfigError, OnceflowError, ServiceUnavailable
+from onceflow.kafka_clients import kafka_config, kafka_error_text
 
 TIMEOUT_S = 30.0
 # What Kafka accepts as a topic name (and what a pipeline's source accepts).
@@ -111,7 +111,9 @@ def create_topic(
         if error is not None and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             # another client created it in between
             return _already(name, _partition_count(admin, bootstrap, name, timeout_s) or 0, partitions)
-        raise ConfigError(f"Kafka at {bootstrap} refused to create topic {name!r}: {_reason(exc)}") from exc
+        raise ConfigError(
+            f"Kafka at {bootstrap} refused to create topic {name!r}: {kafka_error_text(exc)}"
+        ) from exc
     except TimeoutError as exc:
         raise ServiceUnavailable(
             f"Kafka at {bootstrap} did not confirm topic {name!r} within {timeout_s:g} s; "
@@ -136,7 +138,7 @@ def _partition_count(admin: Any, bootstrap: str, name: str, timeout_s: float) ->
         metadata = admin.list_topics(timeout=timeout_s)
     except Exception as exc:  # librdkafka raises KafkaException for every transport failure
         raise ServiceUnavailable(
-            f"Kafka at {bootstrap} did not answer within {timeout_s:g} s ({_reason(exc)}); check "
+            f"Kafka at {bootstrap} did not answer within {timeout_s:g} s ({kafka_error_text(exc)}); check "
             "ONCEFLOW_KAFKA_BOOTSTRAP, or start the local stack with `make services`"
         ) from exc
     topic = metadata.topics.get(name)
@@ -158,11 +160,3 @@ def wait_for_leaders(admin: Any, name: str, partitions: int, timeout_s: float) -
             return
         time.sleep(0.2)
     raise OnceflowError(f"topic {name!r} was created but its partitions have no leader after {timeout_s:g} s")
-
-
-def _reason(exc: BaseException) -> str:
-    """The message of a Kafka client error (its `KafkaError`'s text), on one line."""
-    from confluent_kafka import KafkaError
-
-    error = exc.args[0] if exc.args else None
-    return one_line(error.str() if isinstance(error, KafkaError) else exc)

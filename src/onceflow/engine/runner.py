@@ -33,7 +33,6 @@ from onceflow.pipeline import Pipeline, load_pipeline
 Executor: TypeAlias = Literal["spark", "connect", "submit", "local"]
 SliceRunner: TypeAlias = Literal["connect", "submit", "local"]
 Log = Callable[[str], None]
-# How a Python exception ends a traceback: "ValueError: boom", "pkg.module.SliceFailed: why".
 
 
 class ProcessFailed(OnceflowError):
@@ -145,6 +144,9 @@ def run_epoch(
         steps = {"plan": time.monotonic() - started}
         # 3.
         failures = []
+        if runner == "connect":  # one warm session for every slice, the pipeline's modules bundled once
+            assert remote is not None
+            sessions = connect_sessions(remote, pipeline_modules(spec, pipeline_path), epoch.attempt_token)
         with coordinator.lease_kept(epoch.number):
             for slice_number in planned.slices_with_tasks:
                 if runner == "local":
@@ -154,10 +156,6 @@ def run_epoch(
                         failures.append(f"slice {slice_number} failed: {exc}")
                     continue
                 if runner == "connect":
-                    assert remote is not None
-                    sessions = connect_sessions(
-                        remote, pipeline_modules(spec, pipeline_path), epoch.attempt_token
-                    )
                     try:
                         run_slice(
                             spec, epoch.number, slice_number, epoch.attempt_token, settings, session=sessions

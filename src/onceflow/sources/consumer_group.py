@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from onceflow.errors import ServiceUnavailable, one_line
-from onceflow.kafka_clients import kafka_config
+from onceflow.errors import ServiceUnavailable
+from onceflow.kafka_clients import kafka_config, kafka_error_text
 from onceflow.sinks._config import check_name
 
 TopicPartitionKey = tuple[str, int]
@@ -52,7 +52,8 @@ def publish_positions(
         done = admin.alter_consumer_group_offsets(request, request_timeout=timeout_s)[group].result()
     except KafkaException as exc:
         raise ServiceUnavailable(
-            f"Kafka at {bootstrap} did not take the offsets of consumer group {group!r} ({one_line(exc)})"
+            f"Kafka at {bootstrap} did not take the offsets of consumer group {group!r} "
+            f"({kafka_error_text(exc)})"
         ) from exc
     failed = [tp for tp in done.topic_partitions or [] if tp.error]
     if failed:

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from onceflow.errors import ServiceUnavailable
-from onceflow.kafka_clients import kafka_config
+from onceflow.kafka_clients import kafka_config, kafka_error_text
 from onceflow.pipeline import KafkaSource
 from onceflow.sources.errors import PlanningError, TopicNotFound
 from onceflow.sources.kafka_planning import (
@@ -79,11 +79,10 @@ class KafkaMetadata:
                     error.retriable() or error.code() in leader_moving
                 )
                 if not retriable or time.monotonic() >= deadline:
-                    detail = error.str() if isinstance(error, KafkaError) else str(exc)
                     raise ServiceUnavailable(
                         f"Kafka at {self.bootstrap} did not answer {what} within {self.timeout_s:g}s "
-                        f"({detail}): check ONCEFLOW_KAFKA_BOOTSTRAP (or the onceflow_kafka connection) "
-                        "and that the brokers are running"
+                        f"({kafka_error_text(exc)}): check ONCEFLOW_KAFKA_BOOTSTRAP (or the onceflow_kafka "
+                        "connection) and that the brokers are running"
                     ) from exc
                 time.sleep(0.2)
 
