@@ -47,3 +47,20 @@ def prepared_count(pg_connect, pipeline: str) -> int:  # type: ignore[no-untyped
         .fetchone()
     )
     return int(row[0])
+
+
+def delivered_ids(pg_connect, stack) -> tuple[list[int], list[int]]:  # type: ignore[no-untyped-def]
+    """The order ids the orders pipeline committed: in its PostgreSQL table and its files, each sorted."""
+    from onceflow.sinks.files import read_committed_table
+
+    files = read_committed_table(stack["ONCEFLOW_TEST_FILES"], "orders")
+    return pg_ids(pg_connect, stack["ONCEFLOW_TEST_TABLE"]), sorted(files.column("id").to_pylist())
+
+
+def dead_letter_codes(stack) -> list[str]:  # type: ignore[no-untyped-def]
+    """The reason codes of the pipeline's committed dead letters, sorted."""
+    from onceflow.ledger import Ledger
+
+    with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
+        letters = ledger.dead_letters(stack["ONCEFLOW_TEST_PIPELINE"])
+    return sorted(d.letter.reason.split(":")[0] for d in letters)

@@ -16,7 +16,15 @@ from onceflow.engine.connect import forget_session, warm_session
 from onceflow.engine.runner import ProcessFailed, run_epoch
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.sinks.files import read_committed_table
-from tests.integration.engine.data import ORDERS, orders, pg_ids, prepared_count, produce
+from tests.integration.engine.data import (
+    ORDERS,
+    dead_letter_codes,
+    delivered_ids,
+    orders,
+    pg_ids,
+    prepared_count,
+    produce,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,26 +62,16 @@ def test_epochs_through_spark_connect_deliver_once_and_reuse_one_session(
     assert one.epoch.status == EpochStatus.COMMITTED and one.executor == "connect"
     session = warm_session(spark_remote_url).session
     expected = sorted(o["id"] for o in first if o["amount"] > 0)
-    assert pg_ids(pg_connect, stack["ONCEFLOW_TEST_TABLE"]) == expected
-    files = read_committed_table(stack["ONCEFLOW_TEST_FILES"], "orders")
-    assert sorted(files.column("id").to_pylist()) == expected
-    with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
-        letters = ledger.dead_letters(stack["ONCEFLOW_TEST_PIPELINE"])
-    assert sorted(d.letter.reason.split(":")[0] for d in letters) == [
-        "malformed_json",
-        "not_utf8",
-        "wrong_type",
-    ]
+    assert delivered_ids(pg_connect, stack) == (expected, expected)
+    assert dead_letter_codes(stack) == ["malformed_json", "not_utf8", "wrong_type"]
 
     second = orders(40, 25)
     produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], second)
     two = run_epoch(ORDERS, Settings.from_env(), executor="connect", spark_remote_url=spark_remote_url)
     assert two.epoch.number == 2 and two.epoch.status == EpochStatus.COMMITTED
     assert warm_session(spark_remote_url).session is session  # the same warm session, not a new one
-    expected += sorted(o["id"] for o in second if o["amount"] > 0)
-    assert pg_ids(pg_connect, stack["ONCEFLOW_TEST_TABLE"]) == sorted(expected)
-    files = read_committed_table(stack["ONCEFLOW_TEST_FILES"], "orders")
-    assert sorted(files.column("id").to_pylist()) == sorted(expected)
+    expected = sorted(expected + [o["id"] for o in second if o["amount"] > 0])
+    assert delivered_ids(pg_connect, stack) == (expected, expected)
     assert prepared_count(pg_connect, stack["ONCEFLOW_TEST_PIPELINE"]) == 0
     with capsys.disabled():
         for name, outcome in (("first (opens the session)", one), ("second (warm)", two)):
