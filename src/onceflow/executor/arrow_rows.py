@@ -1,9 +1,10 @@
 """Rows across the Python/JVM boundary of a slice job as Arrow record batches.
 
-The slice job's executors decode records in Python and its sink writers stage rows in Python, while
-the transform runs in the JVM. Crossing as pickled rows (``createDataFrame`` over an RDD, then
+The slice job's executors decode records in Python and its sink writers stage what the transform
+returns, while the transform runs in the JVM. Crossing as pickled rows (``createDataFrame`` over an RDD, then
 ``DataFrame.rdd``) pickles every row and rebuilds it as an object on the other side; Arrow batches
-(``mapInArrow``) move whole columns instead.
+(``mapInArrow``) move whole columns instead. Writers that take batches keep them as they are; only
+a writer that takes rows gets them as dicts (`batch_rows`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,6 @@ def row_batches(rows: Iterable[tuple[Any, ...]], schema: Any, size: int = BATCH_
 
 
 def batch_rows(batches: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
-    """The rows of Arrow record batches as dicts, the shape the sink writers take."""
+    """The rows of Arrow record batches as dicts, the shape a writer without ``write_batch`` takes."""
     for batch in batches:
         yield from batch.to_pylist()

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.committables import Committable, TaskContext
+from onceflow.executor.arrow_rows import batch_rows
 from onceflow.executor.slices import SliceRef
 from onceflow.faults import crash_point
 from onceflow.pipeline import SinkSpec
+from onceflow.sinks.base import SinkWriter, supports_batches
 from onceflow.sinks.registry import sink_kind
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# Rows per ``write(rows)`` call when a writer is fed rows.
 WRITE_BATCH = 2000
 
 
@@ -32,11 +38,28 @@ class TaskReport:
 def write_task(
     ref: SliceRef, sink: SinkSpec, task_id: str, attempt: str, rows: Iterable[Mapping[str, Any]]
 ) -> TaskReport:
-    """Stage one attempt of one output task: begin, write in batches, pre-commit, report.
+    """Stage one attempt of one output task from rows (the local executor's path); see `_stage`."""
+    return _stage(ref, sink, task_id, attempt, lambda writer: _feed_rows(writer, rows))
+
+
+def write_task_batches(
+    ref: SliceRef, sink: SinkSpec, task_id: str, attempt: str, batches: Iterable[pa.RecordBatch]
+) -> TaskReport:
+    """Stage one attempt of one output task from Arrow record batches (a Spark task's path).
+
+    A writer with ``write_batch`` gets the batches as they are; any other writer gets their rows,
+    converted once, in the same calls as `write_task` makes."""
+    return _stage(ref, sink, task_id, attempt, lambda writer: _feed_batches(writer, batches))
+
+
+def _stage(
+    ref: SliceRef, sink: SinkSpec, task_id: str, attempt: str, feed: Callable[[SinkWriter], int]
+) -> TaskReport:
+    """Stage one attempt of one output task: begin, write, pre-commit, report.
 
     1. Build the sink kind's writer and begin the attempt.
-    2. Write the rows in batches; a failure rolls this attempt's staging back and fails the task (Spark
-       retries it as another attempt).
+    2. Write the task's output (``feed`` returns how many rows it wrote); a failure rolls this attempt's
+       staging back and fails the task (Spark retries it as another attempt).
     3. Pre-commit: the output is durable but invisible, described by a committable.
     4. Return the committable; the driver registers it, or rolls it back if another attempt won.
     """
@@ -53,13 +76,10 @@ def write_task(
         inputs=ref.slice_ranges,
         replaces=ref.replaces,
     )
-    count = 0
     try:
         writer.begin(context)
         # 2.
-        for batch in _batches(rows):
-            writer.write(batch)
-            count += len(batch)
+        count = feed(writer)
         crash_point("task_after_stage")
         # 3.
         committable = writer.pre_commit()
@@ -69,6 +89,25 @@ def write_task(
     crash_point("task_after_precommit")
     # 4.
     return TaskReport(sink.name, task_id, attempt, count, committable.to_json())
+
+
+def _feed_rows(writer: SinkWriter, rows: Iterable[Mapping[str, Any]]) -> int:
+    count = 0
+    for batch in _batches(rows):
+        writer.write(batch)
+        count += len(batch)
+    return count
+
+
+def _feed_batches(writer: SinkWriter, batches: Iterable[pa.RecordBatch]) -> int:
+    if not supports_batches(writer):
+        return _feed_rows(writer, batch_rows(batches))
+    count = 0
+    for batch in batches:
+        if batch.num_rows:
+            writer.write_batch(batch)
+            count += batch.num_rows
+    return count
 
 
 def _batches(rows: Iterable[Mapping[str, Any]]) -> Iterator[list[Mapping[str, Any]]]:

@@ -4,7 +4,9 @@ A sink is split in two, as in Flink's Sink V2:
 
 * a `SinkWriter` runs inside a Spark task: ``begin(task) -> write(rows)* -> pre_commit()`` stages the
   task's output durably without making it visible and returns a `Committable`, a small JSON handle that
-  the task reports to the ledger;
+  the task reports to the ledger. A writer that also has ``write_batch(batch)`` (`BatchSinkWriter`)
+  takes the Arrow record batches a Spark task receives as they are, with no Python object per value;
+  for any other writer the task turns each batch into rows once (`supports_batches`);
 * a `SinkCommitter` runs in the coordinator, in another process, possibly much later and possibly
   several times: ``commit(cs)`` makes the staged output of an epoch's committables visible and
   ``abort(cs)`` discards it. Both take all of one epoch's committables for the sink at once (as Flink's
@@ -21,12 +23,23 @@ dependencies.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from onceflow.committables import Committable, TaskContext
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 Row = Mapping[str, Any]
-__all__ = ["Committable", "Row", "SinkCommitter", "SinkWriter", "TaskContext"]
+__all__ = [
+    "BatchSinkWriter",
+    "Committable",
+    "Row",
+    "SinkCommitter",
+    "SinkWriter",
+    "TaskContext",
+    "supports_batches",
+]
 
 
 class SinkWriter(Protocol):
@@ -43,6 +56,21 @@ class SinkWriter(Protocol):
     def abort(self) -> None:
         """Discard this attempt's staged output (e.g. the ledger refused the pre-commit)."""
         ...
+
+
+class BatchSinkWriter(SinkWriter, Protocol):
+    """A writer that also stages Arrow record batches directly, the hot path of a Spark write task.
+
+    ``write_batch`` must stage exactly what ``write(batch.to_pylist())`` would: the same rows, the same
+    staged format, the same errors for rows the sink refuses. Calls of both may be mixed; order is kept.
+    """
+
+    def write_batch(self, batch: pa.RecordBatch) -> None: ...
+
+
+def supports_batches(writer: SinkWriter) -> TypeGuard[BatchSinkWriter]:
+    """Whether ``writer`` takes Arrow batches; other writers (e.g. a user's own kind) get rows."""
+    return callable(getattr(writer, "write_batch", None))
 
 
 class SinkCommitter(Protocol):

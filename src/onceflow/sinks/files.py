@@ -17,6 +17,7 @@ A table belongs to one (pipeline, sink).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,8 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
+from onceflow.sinks._arrow import as_declared, as_inferred, exact_columns, unique_names
 from onceflow.sinks._config import ConfigReader, check_name
-from onceflow.sinks._pg import RowDigest, row_values
+from onceflow.sinks._pg import row_values
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import (
     AlreadyCommitted,
@@ -190,7 +192,13 @@ def read_committed_table(root: str | os.PathLike[str], table: str) -> pa.Table:
 
 
 class FilesWriter:
-    """Buffers rows into Parquet row groups in the attempt's staging folder."""
+    """Stages the task's output as one Parquet file in the attempt's staging folder.
+
+    Rows (``write``) and Arrow batches (``write_batch``) become the same file: row groups of exactly
+    ``batch_size`` rows (the last one smaller), the declared schema or else the one the first row group
+    infers, nullable columns. The committable's checksum is the file's SHA-256, so it says what was
+    staged whichever way it came (``sha256(b"")`` for a task without rows).
+    """
 
     def __init__(self, config: FilesConfig | Mapping[str, Any]) -> None:
         self.config = _as_config(config)
@@ -198,10 +206,13 @@ class FilesWriter:
         self._task: TaskContext | None = None
         self._dir: Path | None = None
         self._schema = self.config.arrow_schema()
-        self._buffer: list[Row] = []
+        self._rows: list[Row] = []  # rows not yet in Arrow form: converted batch_size at a time
+        self._pending: list[pa.Table] = []  # Arrow data not yet in a row group
+        self._pending_rows = 0
         self._parquet: Any = None
-        self._digest = RowDigest()
+        self._count = 0
         self._done = False
+        self._where = f"{KIND} sink table {self.config.table}"
 
     def begin(self, task: TaskContext) -> None:
         if self._task is not None:
@@ -218,56 +229,101 @@ class FilesWriter:
         for row in rows:
             if not isinstance(row, Mapping):
                 raise RowError(f"{where}: a row must be a mapping, got {type(row).__name__}")
-            values = row_values(row, names, where) if names else tuple(row.values())
-            self._digest.add(values)
-            self._buffer.append(row)
-            if len(self._buffer) >= self.config.batch_size:
-                self._flush()
+            if names:
+                row_values(row, names, where)
+            self._rows.append(row)
+            self._count += 1
+            if len(self._rows) + self._pending_rows >= self.config.batch_size:
+                self._rows_to_arrow()
+                self._write_full_groups()
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """Stage an Arrow batch as `write` stages its rows, without a Python object per value."""
+        import pyarrow as pa
+
+        self._require()
+        self._rows_to_arrow()
+        if self._schema is not None:  # declared, or established by the first row group
+            names = list(self._schema.names)
+            batch = exact_columns(batch, tuple(names), self._where)
+            types = [f.type for f in self._schema]
+            arrays = [as_declared(c, t, self._where) for c, t in zip(batch.columns, types, strict=True)]
+        else:
+            names = unique_names(batch, self._where)
+            arrays = [as_inferred(c, self._where) for c in batch.columns]
+        self._add(pa.Table.from_arrays(arrays, names=names))
+        self._count += batch.num_rows
+        self._write_full_groups()
 
     def _require(self) -> TaskContext:
         if self._task is None or self._done:
             raise WriterStateError(f"{KIND} writer: write/pre_commit needs begin() first and no pre_commit()")
         return self._task
 
-    def _flush(self) -> None:
+    def _rows_to_arrow(self) -> None:
+        """Buffered rows as one Arrow table, typed by the declared or established schema if any."""
+        import pyarrow as pa
+
+        if not self._rows:
+            return
+        try:
+            table = pa.Table.from_pylist(self._rows, schema=self._schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise RowError(f"{self._where}: rows do not fit: {exc}") from exc
+        self._rows = []
+        self._add(table)
+
+    def _add(self, table: pa.Table) -> None:
+        if self._schema is None:
+            self._schema = table.schema
+        elif table.schema != self._schema:
+            raise RowError(
+                f"{self._where}: rows changed schema from {self._schema} to {table.schema}; "
+                "declare `columns` in the sink config"
+            )
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+
+    def _write_full_groups(self, final: bool = False) -> None:
+        """Write pending data in row groups of ``batch_size`` rows; with ``final``, the rest too."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        if not self._buffer:
+        size = self.config.batch_size
+        if self._pending_rows < (1 if final else size):
             return
-        assert self._dir is not None
-        try:
-            batch = pa.Table.from_pylist(self._buffer, schema=self._schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise RowError(f"{KIND} sink table {self.config.table}: rows do not fit: {exc}") from exc
+        assert self._dir is not None and self._schema is not None
+        table = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
         if self._parquet is None:
-            self._schema = batch.schema
-            self._parquet = pq.ParquetWriter(self._dir / PART, batch.schema)
-        elif batch.schema != self._schema:
-            raise RowError(
-                f"{KIND} sink table {self.config.table}: rows changed schema from {self._schema} to "
-                f"{batch.schema}; declare `columns` in the sink config"
-            )
-        self._parquet.write_table(batch)
-        self._buffer.clear()
+            self._parquet = pq.ParquetWriter(self._dir / PART, self._schema)
+        start = 0
+        while table.num_rows - start >= size or (final and start < table.num_rows):
+            self._parquet.write_table(table.slice(start, size))
+            start += size
+        rest = table.slice(start)
+        self._pending = [rest] if rest.num_rows else []
+        self._pending_rows = rest.num_rows
 
     def pre_commit(self) -> Committable:
         task = self._require()
         assert self._dir is not None
-        self._flush()
+        self._rows_to_arrow()
+        self._write_full_groups(final=True)
         files: list[dict[str, Any]] = []
+        checksum = hashlib.sha256().hexdigest()
         if self._parquet is not None:
             self._parquet.close()
             self._parquet = None
             part = self._dir / PART
             fsync_file(part)
             fsync_dir(self._dir)
-            files.append({"name": PART, "rows": self._digest.count, "sha256": sha256_file(part)})
+            checksum = sha256_file(part)
+            files.append({"name": PART, "rows": self._count, "sha256": checksum})
         committable = Committable.for_task(
             task,
             handle={"table": self.config.table, "files": files},
-            record_count=self._digest.count,
-            checksum=self._digest.hexdigest(),
+            record_count=self._count,
+            checksum=checksum,
         )
         self._area.write_manifest(self._dir, committable)
         self._done = True

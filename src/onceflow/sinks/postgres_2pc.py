@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
+from onceflow.sinks._arrow import exact_columns
 from onceflow.sinks._config import ConfigReader, check_name
 from onceflow.sinks._pg import (
     PG_TABLE_SETTINGS,
@@ -28,6 +29,7 @@ from onceflow.sinks._pg import (
     table_identifier,
 )
 from onceflow.sinks._pg_checks import pg_plan_checks
+from onceflow.sinks._pg_csv import column_types, csv_payload
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import (
     AlreadyCommitted,
@@ -39,6 +41,7 @@ from onceflow.sinks.registry import SinkKind, SinkSetting, pg_defaults
 
 if TYPE_CHECKING:
     import psycopg
+    import pyarrow as pa
 
 KIND = "postgres_2pc"
 GID_PREFIX = "onceflow:"
@@ -147,7 +150,8 @@ def ensure_marker_table(conn: psycopg.Connection[Any], marker_table: str) -> Non
 
 
 class PostgresTwoPhaseWriter:
-    """One connection per task attempt; the rows go in with COPY, the marker row first.
+    """One connection per task attempt; the rows go in with COPY (rows as psycopg text, Arrow batches
+    as CSV), the marker row first.
 
     Every attempt has its own marker, so a retried or speculative attempt stages its rows even while an
     earlier attempt of the task is prepared (perhaps by a process that died): the ledger accepts one of
@@ -160,6 +164,7 @@ class PostgresTwoPhaseWriter:
         self._task: TaskContext | None = None
         self._digest = RowDigest()
         self._prepared = False
+        self._targets: dict[str, str] | None = None  # the table's column types, read once
 
     def begin(self, task: TaskContext) -> None:
         import psycopg
@@ -210,6 +215,28 @@ class PostgresTwoPhaseWriter:
                 values = row_values(row, names, where)
                 copy.write_row(values)
                 self._digest.add(values)
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """Stage an Arrow batch with one CSV COPY built column-wise (see `_pg_csv`): the rows that
+        `write` would stage, without a Python object per value. The checksum takes the CSV bytes."""
+        from psycopg import sql
+
+        conn, task = self._require()
+        names = self.config.table.column_names
+        where = f"{KIND} sink {task.sink} table {self.config.table.table}"
+        batch = exact_columns(batch, names, where)
+        if conn.info.encoding != "utf-8":  # the CSV is UTF-8; psycopg encodes rows for any encoding
+            self.write(batch.to_pylist())
+            return
+        if self._targets is None:
+            self._targets = column_types(conn, table_identifier(self.config.table.table).as_string(conn))
+        payload = csv_payload(batch, self._targets, conn)
+        statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+            table_identifier(self.config.table.table), column_list(names)
+        )
+        with conn.cursor() as cur, cur.copy(statement) as copy:
+            copy.write(memoryview(payload))
+        self._digest.add_encoded(memoryview(payload), batch.num_rows)
 
     def pre_commit(self) -> Committable:
         from psycopg import sql
