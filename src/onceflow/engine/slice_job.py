@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -34,22 +35,20 @@ from typing import Any
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator
 from onceflow.engine.failures import failure_line
+from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, decoded_read
 from onceflow.engine.planning import slices_of
 from onceflow.errors import ConfigError, OnceflowError
-from onceflow.executor.arrow_rows import arrow_schema, batch_rows, row_batches
-from onceflow.executor.reading import read_task
+from onceflow.executor.arrow_rows import arrow_schema
 from onceflow.executor.slices import SliceRef
-from onceflow.executor.writing import TaskReport, write_task
+from onceflow.executor.writing import TaskReport, write_task_batches
 from onceflow.faults import crash_point
 from onceflow.ledger import Epoch, EpochStatus, IllegalTransition, Ledger, PrecommitRefused
 from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
-from onceflow.records import DeadLetter, spark_schema
+from onceflow.records import DeadLetter
 from onceflow.sinks.registry import sink_kind
 from onceflow.sources.kafka_planning import ReadTask
 from onceflow.state.store import committed_state_files, state_sink
 
-# The column that carries a rejected record from a read task to the driver (null on every good row).
-DEAD_LETTER_COLUMN = "_onceflow_dead_letter"
 # Output partitions are participants: their number is fixed when the query is planned. Adaptive
 # execution changes it at run time (coalescing, local shuffle readers after a join turns into a
 # broadcast, skew splits), so a partition could have no participant: it is off for every slice.
@@ -208,36 +207,26 @@ def process_on_spark(
 
     Uses only DataFrame operations that a classic session and a Spark Connect session both have.
     """
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
-    # 3. Exact reads, decoded on the executors: Spark task i reads read task i, and its rows cross
-    # to the JVM as Arrow batches; a rejected record travels in the dead-letter column.
-    rows_schema = spark_schema(spec.format)
-    raw_schema = T.StructType(
-        [T.StructField(f.name, f.dataType, True) for f in rows_schema.fields]
-        + [T.StructField(DEAD_LETTER_COLUMN, T.StringType(), True)]
-    )
-    batch_schema = arrow_schema(raw_schema)
-    width = len(rows_schema.fields)
-
-    def read(batches: Iterable[Any]) -> Iterator[Any]:
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                items = read_task(ref, tasks[index])
-                yield from row_batches(_with_dead_letters(items, width), batch_schema)
-
-    raw = spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read, raw_schema)
-    # Dead letters are collected first and the rows written after: keep the read so Kafka is read once.
-    raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
+    started = time.monotonic()
+    # 3. Exact reads of the slice's ranges, decoded in the JVM where every check passes and by the
+    # Python decoder otherwise (`onceflow.engine.jvm_read`); a rejected record travels in the
+    # dead-letter column. The read is cached until the slice's writes are done.
+    with decoded_read(spark, ref, tasks) as read:
+        log(f"slice {ref.slice}: {read.path} read path ({read.reason})")
+        raw = read.frame
         dead_column = F.col(DEAD_LETTER_COLUMN)
         dead = [
             DeadLetter.from_json(r[0])
             for r in raw.where(dead_column.isNotNull()).select(dead_column).collect()
         ]
         frame = raw.where(dead_column.isNull()).drop(DEAD_LETTER_COLUMN)
+        offsets = sum(r.until_offset - r.from_offset for r in ref.slice_ranges)
+        log(
+            f"slice {ref.slice}: read offsets {offsets:,} ({len(dead)} dead letters) in "
+            f"{time.monotonic() - started:.1f} s"
+        )
 
         # 4. The transform, then the fold into keyed state.
         output = spec.load_transform()(frame)
@@ -246,17 +235,15 @@ def process_on_spark(
         # 5. One output partition per read task, for each sink and the state snapshot.
         reports: list[TaskReport] = []
         for sink, frame_out in writes:
-            reports += _write_sink(ref, sink, frame_out, [t.task_id for t in tasks])
-    finally:
-        # A long-lived session outlives the slice: never leave its cache holding this read.
-        raw.unpersist()
+            written = _write_sink(ref, sink, frame_out, [t.task_id for t in tasks])
+            rows = sum(r.records for r in written)
+            seconds = time.monotonic() - started
+            log(
+                f"slice {ref.slice}: sink {sink.name}: {rows:,} rows staged by {len(written)} tasks; "
+                f"{seconds:.1f} s into the slice ({offsets / max(seconds, 1e-9):,.0f} offsets/s)"
+            )
+            reports += written
     return reports, dead
-
-
-def _with_dead_letters(items: Iterable[Any], width: int) -> Iterator[tuple[Any, ...]]:
-    blank = (None,) * width
-    for item in items:
-        yield (*blank, item.to_json()) if isinstance(item, DeadLetter) else (*item, None)
 
 
 def _outputs(spark: Any, spec: Pipeline, settings: Settings, output: Any) -> list[tuple[SinkSpec, Any]]:
@@ -326,7 +313,7 @@ def _write_sink(ref: SliceRef, sink: SinkSpec, frame: Any, task_ids: list[str]) 
                 f"more partitions than its {len(task_ids)} tasks (was adaptive execution re-enabled?)"
             )
         attempt = f"{context.stageId()}.{index}.{context.taskAttemptId()}"
-        report = write_task(ref, sink, task_ids[index], attempt, batch_rows(batches))
+        report = write_task_batches(ref, sink, task_ids[index], attempt, batches)
         yield pa.RecordBatch.from_pylist([report.__dict__], schema=report_arrow)
 
     return [TaskReport(**row.asDict()) for row in frame.mapInArrow(write, report_schema).collect()]

@@ -1,0 +1,153 @@
+"""`python -m bench.jvm_read`: decode time of one slice's read, Python path against JVM path, side by side.
+
+Produces ``--records`` JSON records of about 200 bytes into a fresh topic of 4 partitions, then reads
+and decodes all of them through the Spark Connect server (``ONCEFLOW_SPARK_REMOTE``) once with each
+path of `onceflow.engine.jvm_read`: the Python reader and decoder in every read task, and Spark's
+Kafka source with ``from_json``. Each run does what a slice's step 3 does: decode, collect the dead
+letters, then materialize every column of every row (Spark's ``noop`` sink), so neither path can skip
+work. Writes the figures to ``--out`` (bench/jvm_read.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, kafka_frame, python_read, slice_ranges
+from onceflow.executor.slices import SliceRef
+from onceflow.offsets import OffsetRange
+from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.sources.kafka_planning import ReadTask
+
+PARTITIONS = 4
+SCHEMA = {
+    "id": "int",
+    "amount": "float",
+    "customer": "string",
+    "country": "string",
+    "note": "string?",
+    "ts": "int",
+    "vip": "bool",
+}
+
+
+def record(n: int) -> bytes:
+    """One record of about 200 bytes, every field type of the schema."""
+    document = {
+        "id": n,
+        "amount": round((n % 10_000) * 1.37, 2),
+        "customer": f"customer-{n % 5_000:05d}",
+        "country": ("DE", "FR", "NL", "PL")[n % 4],
+        "note": "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor",
+        "ts": 1_700_000_000_000 + n,
+        "vip": n % 7 == 0,
+    }
+    return json.dumps(document).encode()
+
+
+def produce(bootstrap: str, topic: str, records: int) -> list[OffsetRange]:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000})
+    for n in range(records):
+        while True:
+            try:
+                producer.produce(topic, value=record(n), partition=n % PARTITIONS)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-jvm-read"})
+    try:
+        ends = [
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in range(PARTITIONS)
+        ]
+    finally:
+        consumer.close()
+    return [OffsetRange(topic, p, low, high) for p, (low, high) in enumerate(ends)]
+
+
+def timed(build: Any) -> float:
+    """Seconds to build a path's decoded frame, collect its dead letters and write every row (to
+    Spark's ``noop`` sink), as a slice does; the path's cache is released afterwards."""
+    from pyspark.sql import functions as F
+
+    started = time.perf_counter()
+    frame, cached = build()
+    dead = F.col(DEAD_LETTER_COLUMN)
+    frame.where(dead.isNotNull()).select(dead).collect()
+    frame.where(dead.isNull()).write.format("noop").mode("overwrite").save()
+    seconds = time.perf_counter() - started
+    cached.unpersist()
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--out", default=str(Path(__file__).with_name("jvm_read.json")))
+    args = parser.parse_args(argv)
+    from confluent_kafka.admin import AdminClient
+    from pyspark import StorageLevel
+    from pyspark.sql import SparkSession
+
+    bootstrap = os.environ["ONCEFLOW_KAFKA_BOOTSTRAP"]
+    remote = os.environ["ONCEFLOW_SPARK_REMOTE"]
+    topic = f"bench-jvm-read-{uuid.uuid4().hex[:8]}"
+    started = time.perf_counter()
+    ranges = produce(bootstrap, topic, args.records)
+    print(f"produced {args.records} records into {topic} in {time.perf_counter() - started:.1f} s")
+    spec = Pipeline(
+        name="bench-jvm-read",
+        source=KafkaSource(topics=(topic,)),
+        format=JsonFormat(schema=SCHEMA),
+        sinks=(SinkSpec("unused", "files", {"root": "/tmp/unused", "table": "unused"}),),
+    )
+    pieces = [piece for r in ranges for piece in r.split(spec.max_records_per_task)]
+    tasks = [ReadTask(f"t{n}", 0, piece) for n, piece in enumerate(pieces)]
+    ref = SliceRef(spec, 1, 0, tuple(ranges), bootstrap)
+    spark = SparkSession.builder.remote(remote).create()
+    try:
+        spark.range(1).collect()  # the session is open before either run is timed
+
+        def python() -> tuple[Any, Any]:
+            frame = python_read(spark, ref, tasks).persist(StorageLevel.MEMORY_AND_DISK)
+            return frame, frame
+
+        def jvm() -> tuple[Any, Any]:
+            return jvm_read(kafka_frame(spark, bootstrap, slice_ranges(ref, tasks), len(tasks)), ref)
+
+        python_s = timed(python)
+        jvm_s = timed(jvm)
+    finally:
+        spark.stop()
+        AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])
+    result = {
+        "records": args.records,
+        "partitions": PARTITIONS,
+        "read_tasks": len(tasks),
+        "record_bytes": len(record(args.records // 2)),
+        "python_path_s": round(python_s, 2),
+        "jvm_path_s": round(jvm_s, 2),
+        "python_records_per_s": round(args.records / python_s),
+        "jvm_records_per_s": round(args.records / jvm_s),
+        "speedup": round(python_s / jvm_s, 2),
+        "spark_remote": remote,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,324 @@
+"""Step 3 of a slice on Spark: read exactly the slice's ranges and decode them, in the JVM where it can.
+
+Two paths hand the driver the same DataFrame: the format's row columns plus `DEAD_LETTER_COLUMN` (the
+dead letter's JSON on a rejected record, null on a row). They give the same rows and the same dead
+letters (``tests/integration/engine/test_jvm_conformance.py`` runs both on one hostile topic).
+
+- **jvm**: one Spark Kafka batch read of exactly the slice's ``[from, until)`` per partition
+  (``read_committed``; ``failOnDataLoss`` on, which still skips transaction markers and aborted records
+  but fails when retention deleted offsets of the range), JSON decoded by ``from_json`` with the
+  declared schema. A record becomes a row in the JVM only when every check of `_accepted` passes; every
+  other record crosses to Python (`onceflow.executor.rejected`), where `RowDecoder` gives it its row or
+  its dead letter with the reason. The checks are conservative: a good record may go to Python, but the
+  JVM never accepts a record that Python would reject, nor gives a value Python would not.
+- **python**: every read task reads its range with the Python reader (`read_task`) and decodes there.
+  Used when a fault plan is armed (crash and pause points such as ``task_mid_read`` live in the Python
+  reader), when the session cannot load Spark's Kafka source (a spark-submit driver without its jar),
+  and for a schema whose field names contain the control character the JVM checks reserve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from onceflow.executor.arrow_rows import arrow_schema, row_batches
+from onceflow.executor.reading import read_task
+from onceflow.executor.rejected import RAW_COLUMNS, decode_rejected, with_dead_letters
+from onceflow.executor.slices import SliceRef
+from onceflow.faults import CRASH_AT_ENV, PAUSE_AT_ENV
+from onceflow.offsets import OffsetRange
+from onceflow.pipeline import JsonFormat
+from onceflow.records import row_columns, spark_schema
+from onceflow.sources.kafka_planning import ReadTask
+
+# The column that carries a rejected record from a read task to the driver (null on every good row).
+DEAD_LETTER_COLUMN = "_onceflow_dead_letter"
+PYTHON, JVM = "python", "jvm"
+
+# A JSON value is accepted in the JVM only as the first element of ``[value,{"\u0001":1}]`` with the
+# sentinel object second: a value with anything after its first JSON value cannot end that array there.
+# A value that spells the sentinel's key itself (an escaped U+0001) goes to Python; so does one with an
+# escaped UTF-16 surrogate, which Python keeps as a lone code point and Java does not.
+_SENTINEL = "\x01"
+_SENTINEL_SUFFIX = ',{"\\u0001":1}]'
+_RESERVED_ESCAPES = r"\\u(?:0001|[dD][89a-fA-F])"
+_CORRUPT = "\x01onceflow_corrupt"
+# Doubtful records per Python task decoding them.
+_DOUBTFUL_PER_TASK = 50_000
+# Jackson as strict as Python's json module: Spark's defaults allow single quotes and NaN/Infinity.
+_JSON_OPTIONS = {
+    "mode": "PERMISSIVE",
+    "allowSingleQuotes": "false",
+    "allowNonNumericNumbers": "false",
+    "allowComments": "false",
+    "allowUnquotedFieldNames": "false",
+    "allowNumericLeadingZeros": "false",
+    "allowBackslashEscapingAnyCharacter": "false",
+    "allowUnquotedControlChars": "false",
+}
+
+
+@dataclass
+class DecodedRead:
+    """The slice's decoded records as one DataFrame, and which path produced it, with why."""
+
+    frame: Any
+    path: str
+    reason: str
+    cached: Any = None  # the DataFrame to keep while the slice runs (the read is computed once)
+
+
+def fault_plan_armed(env: dict[str, str] | None = None) -> bool:
+    """Whether crash or pause points are armed (they sit in the Python reader)."""
+    environ = os.environ if env is None else env
+    return bool(environ.get(CRASH_AT_ENV, "").strip() or environ.get(PAUSE_AT_ENV, "").strip())
+
+
+@contextmanager
+def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Iterator[DecodedRead]:
+    """The slice's records, rows and dead letters together; its cache is released on exit.
+
+    The path rule: Python when a fault plan is armed or a schema name holds the reserved character,
+    else the JVM, unless the session has no Kafka source (then Python, and the reason says so).
+    """
+    read = _choose(spark, ref, tasks)
+    try:
+        yield read
+    finally:
+        # A long-lived session outlives the slice: never leave its cache holding this read.
+        read.cached.unpersist()
+
+
+def _choose(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> DecodedRead:
+    fmt = ref.pipeline.format
+    reason = None
+    if fault_plan_armed():
+        reason = "a fault plan is armed"
+    elif isinstance(fmt, JsonFormat) and any(_SENTINEL in name for name, _, _ in row_columns(fmt)):
+        reason = "a schema field name holds U+0001"
+    else:
+        ranges = slice_ranges(ref, tasks)
+        kafka, reason = kafka_source_missing(lambda: kafka_frame(spark, ref.bootstrap, ranges, len(tasks)))
+        if reason is None:
+            frame, checked = jvm_read(kafka, ref)
+            return DecodedRead(frame, JVM, "Spark's Kafka source and from_json", checked)
+    # Dead letters are collected first and the rows written after: keep the read, so Kafka is read once.
+    frame = python_read(spark, ref, tasks).persist(_cache_level())
+    return DecodedRead(frame, PYTHON, reason, frame)
+
+
+def python_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Any:
+    """The Python path: Spark task i reads read task i with the Python reader and decodes it; its rows
+    cross to the JVM as Arrow batches."""
+    schema = decoded_schema(ref)
+    batch_schema = arrow_schema(schema)
+    width = len(schema.fields) - 1
+    tasks = list(tasks)
+
+    def read(batches: Iterable[Any]) -> Iterator[Any]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                items = read_task(ref, tasks[index])
+                yield from row_batches(with_dead_letters(items, width), batch_schema)
+
+    return spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read, schema)
+
+
+def decoded_schema(ref: SliceRef) -> Any:
+    """Both paths' output: the format's row columns, all nullable, and the dead-letter column."""
+    from pyspark.sql import types as T
+
+    rows = spark_schema(ref.pipeline.format)
+    return T.StructType(
+        [T.StructField(f.name, f.dataType, True) for f in rows.fields]
+        + [T.StructField(DEAD_LETTER_COLUMN, T.StringType(), True)]
+    )
+
+
+def slice_ranges(ref: SliceRef, tasks: Sequence[ReadTask]) -> list[OffsetRange]:
+    """Per partition, the one range the slice's tasks cover, checked to be exactly the slice's range."""
+    covered: dict[tuple[str, int], OffsetRange] = {}
+    for task in sorted(tasks, key=lambda t: (t.range.topic, t.range.partition, t.range.from_offset)):
+        r = task.range
+        if r.is_empty:
+            continue
+        key = (r.topic, r.partition)
+        before = covered.get(key)
+        if before is not None and before.until_offset != r.from_offset:
+            raise ValueError(f"read tasks of {r.topic}[{r.partition}] leave a gap or overlap at {r}")
+        start = r.from_offset if before is None else before.from_offset
+        covered[key] = OffsetRange(r.topic, r.partition, start, r.until_offset)
+    planned = {(r.topic, r.partition): r for r in ref.slice_ranges if not r.is_empty}
+    if planned != covered:
+        raise ValueError(f"read tasks cover {sorted(covered.values())}, the slice {sorted(planned.values())}")
+    return sorted(covered.values())
+
+
+def offsets_json(ranges: Iterable[OffsetRange], end: bool) -> str:
+    """Spark's per-partition offsets option: ``{"topic": {"0": offset, ...}, ...}``."""
+    offsets: dict[str, dict[str, int]] = {}
+    for r in ranges:
+        offsets.setdefault(r.topic, {})[str(r.partition)] = r.until_offset if end else r.from_offset
+    return json.dumps(offsets, sort_keys=True)
+
+
+def kafka_frame(spark: Any, bootstrap: str, ranges: Sequence[OffsetRange], tasks: int) -> Any:
+    """One Spark Kafka batch read of exactly ``ranges``, committed records only, split in at least
+    ``tasks`` Spark partitions."""
+    assign: dict[str, list[int]] = {}
+    for r in ranges:
+        assign.setdefault(r.topic, []).append(r.partition)
+    reader = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("assign", json.dumps(assign, sort_keys=True))
+        .option("startingOffsets", offsets_json(ranges, end=False))
+        .option("endingOffsets", offsets_json(ranges, end=True))
+        .option("kafka.isolation.level", "read_committed")
+        .option("failOnDataLoss", "true")
+        .option("includeHeaders", "true")
+    )
+    if tasks > len(ranges):
+        reader = reader.option("minPartitions", str(tasks))
+    return reader.load()
+
+
+def kafka_source_missing(load: Callable[[], Any]) -> tuple[Any, str | None]:
+    """The Kafka read ``load`` builds, and None; or None and why the session has no Kafka source.
+
+    Resolving the read's schema loads the source (no record is read; a classic session resolves it
+    in ``load`` already). Only a missing source is an answer here: any other failure (Kafka
+    unreachable, a bad range) is the slice's failure.
+    """
+    try:
+        kafka = load()
+        kafka.schema  # noqa: B018 - resolves the relation (on the server, for Spark Connect)
+    except Exception as exc:
+        text = str(exc)
+        if "DATA_SOURCE_NOT_FOUND" in text or "Failed to find data source: kafka" in text:
+            return None, "this Spark session has no Kafka source on its classpath"
+        raise
+    return kafka, None
+
+
+def jvm_read(kafka: Any, ref: SliceRef) -> tuple[Any, Any]:
+    """The JVM path over a Kafka batch read: rows decoded by Spark, the rest decoded in Python.
+
+    Returns the decoded frame and the checked records it derives from, cached (the caller
+    unpersists it): Kafka is read and every record checked once, by the count of doubtful records,
+    which also tells whether any record must cross to Python at all.
+    """
+    from pyspark.sql import functions as F
+
+    spec = ref.pipeline
+    timestamp = F.when(F.col("timestampType") == -1, F.lit(None)).otherwise(F.unix_millis("timestamp"))
+    records = kafka.select(
+        "topic", "partition", "offset", timestamp.alias("_timestamp"), "key", "value", "headers"
+    )
+    accepted, values = _accepted(spec.format, spec.max_record_bytes)
+    marked = records.select(*RAW_COLUMNS, F.coalesce(accepted, F.lit(False)).alias("_accepted"), *values)
+    # The cache keeps the raw bytes of the doubtful records only.
+    doubtful_only = ("key", "value", "headers")
+    checked = marked.select(
+        *(F.when(~F.col("_accepted"), F.col(c)).alias(c) if c in doubtful_only else c for c in marked.columns)
+    ).persist(_cache_level())
+    schema = decoded_schema(ref)
+    rows = checked.where(F.col("_accepted")).select(
+        *(F.col(f"_v{i}").cast(f.dataType).alias(f.name) for i, f in enumerate(schema.fields[:-1])),
+        F.lit(None).cast("string").alias(DEAD_LETTER_COLUMN),
+    )
+    doubtful = checked.where(~F.col("_accepted")).select(*RAW_COLUMNS)
+    count = doubtful.count()
+    if count == 0:
+        return rows, checked
+    fmt, limit, out = spec.format, spec.max_record_bytes, arrow_schema(schema)
+
+    def decode(batches: Iterable[Any]) -> Iterator[Any]:
+        return decode_rejected(batches, fmt, limit, out)
+
+    # Few Python tasks for few records: each one costs a Python worker's batch round trip.
+    tasks = max(1, -(-count // _DOUBTFUL_PER_TASK))
+    return rows.unionByName(doubtful.coalesce(tasks).mapInArrow(decode, schema)), checked
+
+
+def _cache_level() -> Any:
+    from pyspark import StorageLevel
+
+    return StorageLevel.MEMORY_AND_DISK
+
+
+def _accepted(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
+    """The JVM's accept criterion and the row's values (``_v0``, ``_v1``, ... in `row_columns` order).
+
+    Accepted only if all hold, each a check Python makes too (a failed one sends the record to Python):
+    key plus value within ``max_record_bytes``; for JSON, a value that is valid UTF-8 and exactly one
+    JSON object (strict syntax, nothing after it); every field converted by ``from_json`` without a
+    failure (ints within 64 bits, floats finite, bools, and strings that are JSON strings), present or
+    JSON null only where nullable; a key that is valid UTF-8 when the format takes it.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    key, value = F.col("key"), F.col("value")
+    size = F.coalesce(F.octet_length(key), F.lit(0)) + F.coalesce(F.octet_length(value), F.lit(0))
+    within = size <= F.lit(max_record_bytes)
+    meta = [F.col("topic"), F.col("partition"), F.col("offset"), F.col("_timestamp")]
+    if not isinstance(fmt, JsonFormat):
+        return within, [c.alias(f"_v{i}") for i, c in enumerate([key, value, *meta])]
+
+    text = value.cast("string")
+    typed_fields, element_fields = [], [T.StructField(_SENTINEL, T.LongType())]
+    spark_types = {
+        "string": T.StringType(),
+        "int": T.LongType(),
+        "float": T.DoubleType(),
+        "bool": T.BooleanType(),
+    }
+    for name in fmt.schema:
+        base, _ = fmt.field_type(name)
+        typed_fields.append(T.StructField(name, spark_types[base]))
+        if base == "string":
+            element_fields.append(T.StructField(name, T.VariantType()))
+    typed_schema = T.StructType([*typed_fields, T.StructField(_CORRUPT, T.StringType())])
+    # The whole value, strictly: exactly one JSON object, then only whitespace.
+    shape = F.from_json(
+        F.concat(F.lit("["), text, F.lit(_SENTINEL_SUFFIX)),
+        T.ArrayType(T.StructType(element_fields)),
+        _JSON_OPTIONS,
+    )
+    typed = F.from_json(text, typed_schema, {**_JSON_OPTIONS, "columnNameOfCorruptRecord": _CORRUPT})
+    checks = [
+        within,
+        value.isNotNull(),
+        F.is_valid_utf8(value),
+        ~(text.contains("\\u") & text.rlike(_RESERVED_ESCAPES)),
+        F.size(shape) == 2,
+        shape[1][_SENTINEL] == 1,
+        typed.isNotNull(),
+        typed[_CORRUPT].isNull(),
+    ]
+    values = []
+    for name in fmt.schema:
+        base, nullable = fmt.field_type(name)
+        field = typed[name]
+        if base == "float":
+            present = field.isNotNull() & ~F.isnan(field) & (F.abs(field) != F.lit(float("inf")))
+        elif base == "string":
+            present = field.isNotNull() & (F.schema_of_variant(shape[0][name]) == F.lit("STRING"))
+        else:
+            present = field.isNotNull()
+        # A null from a parse without failure is a missing field or a JSON null: a row only if nullable.
+        checks.append(present | field.isNull() if nullable else present)
+        values.append(field)
+    if fmt.key_field is not None:
+        checks += [key.isNotNull(), F.is_valid_utf8(key)]
+        values.append(key.cast("string"))
+    accepted = checks[0]
+    for check in checks[1:]:
+        accepted = accepted & check
+    return accepted, [c.alias(f"_v{i}") for i, c in enumerate([*values, *meta])]
