@@ -126,6 +126,19 @@ def decode_records(records: Iterable[KafkaRecord], fmt: RecordFormat, max_record
     return batch
 
 
+def _check_surrogates(fields: tuple[tuple[str, str, bool, type[Any]], ...], values: list[Any]) -> None:
+    """Refuse a string that holds an unpaired surrogate (``"\\ud800"`` is valid JSON): it has no UTF-8
+    form, so every writer would fail on it, and the task with it on every replay."""
+    for (name, _, _, _), value in zip(fields, values, strict=False):
+        if type(value) is str:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise _Reject(
+                    "not_utf8", f"field {name!r} holds an unpaired surrogate escape, which has no UTF-8 form"
+                ) from exc
+
+
 class RowDecoder:
     """Decodes the records of one format into row tuples (in `row_columns` order) or dead letters.
 
@@ -178,6 +191,8 @@ class RowDecoder:
             document: Any = _JSON.decode(text)
         except ValueError as exc:
             raise _Reject("malformed_json", str(exc)) from exc
+        except RecursionError as exc:
+            raise _Reject("malformed_json", "nested too deeply to decode") from exc
         if type(document) is not dict:
             raise _Reject("not_object", f"expected a JSON object, found {_json_type(document)}")
         values: list[Any] = []
@@ -193,6 +208,8 @@ class RowDecoder:
                 values.append(None)
             else:
                 values.append(_convert(name, value, base))
+        if "\\ud" in text or "\\uD" in text:  # an escaped surrogate: is every string still UTF-8?
+            _check_surrogates(self._fields, values)
         if self._key_field is not None:
             if record.key is None:
                 raise _Reject("missing_key", f"the format needs a key for column {self._key_field!r}")

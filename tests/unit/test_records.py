@@ -126,3 +126,21 @@ def test_spark_schema_matches_the_decoded_columns() -> None:
     assert spark_schema(KEYED).fieldNames() == ["id", "user", "_topic", "_partition", "_offset", "_timestamp"]
     raw = spark_schema(RawFormat())
     assert raw["value"].dataType == T.BinaryType()
+
+
+@pytest.mark.parametrize("escape", [b"\\ud800", b"\\uDFFF", b"x\\udc00y"])
+def test_an_unpaired_surrogate_in_a_string_is_a_dead_letter_not_a_poison_row(escape: bytes) -> None:
+    """Valid JSON whose string has no UTF-8 form would fail every writer, on every replay."""
+    decoded = decode_record(rec(good().replace(b'"ann"', b'"' + escape + b'"')), FMT, 10_000)
+    assert isinstance(decoded, DeadLetter)
+    assert decoded.reason.startswith("not_utf8: field 'name'")
+
+
+def test_a_paired_surrogate_escape_is_the_character_it_encodes() -> None:
+    decoded = decode_record(rec(good().replace(b'"ann"', b'"\\ud83d\\ude00"')), FMT, 10_000)
+    assert not isinstance(decoded, DeadLetter) and decoded["name"] == "\U0001f600"
+
+
+def test_a_document_nested_too_deeply_is_malformed_json() -> None:
+    decoded = decode_record(rec(b"[" * 100_000 + b"]" * 100_000), FMT, 10**6)
+    assert isinstance(decoded, DeadLetter) and decoded.reason == "malformed_json: nested too deeply to decode"
