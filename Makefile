@@ -10,16 +10,17 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench local_stack)
 
-.PHONY: help venv jars services services-stop spark demo airflow-ui test lint unit faults bench clean
+.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults bench clean
 
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
 	@echo "make test           lint, type-check and run the whole test suite against the real services"
-	@echo "make services       start Kafka and PostgreSQL; prints KEY=VALUE settings to eval"
+	@echo "make services       start Kafka, PostgreSQL and the warm Spark runtime; prints KEY=VALUE settings to eval"
+	@echo "                    (ONCEFLOW_WARM_SPARK=0: no Spark runtime, slices run through spark-submit)"
 	@echo "make services-stop  stop them (data is kept in .onceflow/)"
 	@echo "make airflow-ui     airflow standalone (UI on http://localhost:8080) on the local stack and DAGs"
 	@echo "make lint           ruff and mypy"
-	@echo "make faults         a long seeded fault run (N=200 SEED=7 EXECUTOR=local|spark); tests/faults/out/"
+	@echo "make faults         a long seeded fault run (N=200 SEED=7 EXECUTOR=local|submit); tests/faults/out/"
 	@echo "make bench          benchmarks -> bench/report.md (BENCH_ARGS=\"--full\" adds 10^7 records)"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -36,13 +37,14 @@ venv: $(STAMP)
 jars:
 	@infra/kafka.sh jars
 
-services: jars
+services: venv jars
 	@infra/services.sh start
 
 services-stop:
 	@infra/services.sh stop
 
-# The warm Spark runtime (master, two workers, Spark Connect server); prints ONCEFLOW_SPARK_REMOTE=sc://...
+# Only the warm Spark runtime (master, two workers, Spark Connect server; `make services` starts it too);
+# prints ONCEFLOW_SPARK_REMOTE=sc://...
 spark: venv
 	@infra/spark.sh start
 
@@ -61,7 +63,16 @@ airflow-ui: venv jars
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m local_stack.local_airflow standalone
 
-test: lint jars
+# Debian's chromium and chromedriver for the epochs console's browser tests (installed like PostgreSQL:
+# by apt-get when running as root, else a line saying what to install).
+browser:
+	@command -v chromedriver >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "[onceflow] installing Debian's chromium and chromium-driver (the browser tests)" >&2; \
+	  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >&2; \
+	else echo "[onceflow] chromedriver not found: apt-get install chromium chromium-driver (the browser tests need it)" >&2; fi
+
+test: lint jars browser
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  echo "[onceflow] running the test suite against the local stack" >&2; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)

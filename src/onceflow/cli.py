@@ -20,18 +20,20 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from onceflow import dead_letters, topics
 from onceflow.config import Settings
+from onceflow.console.actions import refusal_line
+from onceflow.console.read_model import backlog as _backlog
+from onceflow.console.read_model import epoch_dict as _epoch_dict
+from onceflow.console.read_model import iso_time as _time
 from onceflow.errors import OnceflowError, debug_enabled, one_line
 from onceflow.kafka_clients import LOGGER_NAME
 
 if TYPE_CHECKING:
     from onceflow.coordinator import Coordinator
-    from onceflow.ledger import Epoch, Ledger
-    from onceflow.pipeline import Pipeline
+    from onceflow.ledger import Ledger
 
 EXIT_ERROR = 1
 EXIT_REFUSED = 3
@@ -100,40 +102,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _time(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat(timespec="seconds")
-
-
-def _epoch_dict(ledger: Ledger, epoch: Epoch) -> dict[str, Any]:
-    participants = ledger.participants(epoch.pipeline, epoch.number)
-    return {
-        "epoch": epoch.number,
-        "status": str(epoch.status),
-        "run_id": epoch.run_id,
-        "ranges": [
-            {"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset}
-            for r in epoch.ranges
-        ],
-        "expected_participants": len(epoch.expected),
-        "participants": [
-            {
-                "sink": p.sink,
-                "task": p.task,
-                "attempt": p.attempt,
-                "status": str(p.status),
-                "records": p.record_count,
-                "staged": p.staged_location,
-            }
-            for p in participants
-        ],
-        "data_interval": [_time(epoch.data_interval_start), _time(epoch.data_interval_end)],
-        "planned_at": _time(epoch.planned_at),
-        "decided_at": _time(epoch.decided_at),
-        "finished_at": _time(epoch.finished_at),
-        "abort_reason": epoch.abort_reason,
-    }
-
-
 def _cmd_epochs(ledger: Ledger, args: argparse.Namespace) -> int:
     from onceflow.catalog import known_pipeline
 
@@ -157,24 +125,6 @@ def _cmd_epochs(ledger: Ledger, args: argparse.Namespace) -> int:
             f"{ranges or '(no input)'} {times}{reason}"
         )
     return 0
-
-
-def _backlog(
-    spec: Pipeline | None, committed: dict[Any, int], bootstrap: str, timeout: float
-) -> dict[Any, Any]:
-    """Each partition's next offset to read and its last stable offset, as the next plan would see them:
-    every partition of the spec's topics, also those with nothing committed yet (or, without a spec,
-    the partitions the ledger has positions for)."""
-    from dataclasses import replace
-
-    from onceflow.pipeline import KafkaSource
-    from onceflow.sources.kafka_metadata import KafkaMetadata
-
-    topics = tuple(sorted({*(spec.source.topics if spec is not None else ()), *(t for t, _ in committed)}))
-    source = replace(spec.source, topics=topics) if spec is not None else KafkaSource(topics=topics)
-    with KafkaMetadata(bootstrap, timeout_s=timeout) as metadata:
-        plan = metadata.plan(source, committed, max_records_per_partition=2**62)
-    return {(r.topic, r.partition): (r.from_offset, r.until_offset) for r in plan.ranges}
 
 
 def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
@@ -359,8 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except (IllegalTransition, PrecommitRefused) as exc:
-        line = one_line(exc)  # the coordinator's refusals already begin with "commit refused: ..."
-        return _fail(line if " refused: " in line[:20] else f"refused: {line}", EXIT_REFUSED, debug)
+        return _fail(refusal_line(exc), EXIT_REFUSED, debug)
     except OnceflowError as exc:
         return _fail(f"error: {one_line(exc)}", EXIT_ERROR, debug)
     except KeyboardInterrupt:

@@ -1,0 +1,417 @@
+"""The epochs console in a real browser: headless Chromium against Airflow 3's API server on the local stack.
+
+One Airflow API server (its own home, a free port, the simple auth manager with an admin and a viewer)
+serves the plugin for the whole module. The pipeline's epochs are real: epoch 1 read Kafka and committed
+Parquet files with the local executor (one record was undecodable: a dead letter), epoch 2 is planned
+and undecided. The browser logs in through Airflow's login page, reads the console, aborts epoch 2, is
+refused the abort of epoch 1 in the coordinator's words, and a viewer is refused any action. Screenshots
+are saved as console-*.png in the test's temporary folder, or, with ONCEFLOW_CONSOLE_SCREENSHOTS=docs
+(a folder, relative to the checkout), where the README shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onceflow.config import Settings
+from onceflow.coordinator import Coordinator
+from onceflow.decisions import abort_refusal
+from onceflow.ledger import EpochStatus, Ledger
+from tests.integration.engine.data import produce
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+SPEC = "tests.integration.airflow.console_pipeline:CONSOLE"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+PASSWORDS = {"admin": "console-admin-pw", "viewer": "console-viewer-pw"}
+DAG_FILE = 'from onceflow_airflow.dag_factory import build_dag\n\ndag = build_dag("{spec}")\n'
+
+
+@dataclass
+class Console:
+    url: str  # the Airflow API server, e.g. http://127.0.0.1:PORT
+    pipeline: str
+    dag_id: str
+    topic: str
+    ledger_url: str
+    run_ids: tuple[str, str]  # the runs of epoch 1 (committed) and epoch 2 (planned)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"the API server exited with {server.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"the API server did not answer within {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def plant_epochs(env: dict[str, str], settings: Settings, run_ids: tuple[str, str]) -> None:
+    """Epoch 1 committed through the local executor (with a dead letter), epoch 2 planned only."""
+    from onceflow.engine.runner import run_epoch
+
+    topic = env["ONCEFLOW_CONSOLE_TOPIC"]
+    produce(settings.kafka_bootstrap, topic, [{"id": i, "page": f"/p{i}"} for i in range(12)], bad=[b"{oops"])
+    outcome = run_epoch(SPEC, Settings.from_env(), executor="local", run_id=run_ids[0])
+    assert outcome.epoch.status is EpochStatus.COMMITTED
+    produce(settings.kafka_bootstrap, topic, [{"id": i, "page": "/later"} for i in range(12, 15)])
+    from onceflow.pipeline import load_pipeline
+
+    with Ledger.connect(env["ONCEFLOW_LEDGER_URL"]) as ledger:
+        coordinator = Coordinator.for_pipeline(load_pipeline(SPEC), ledger, Settings.from_env())
+        planned = coordinator.plan(run_id=run_ids[1])
+    assert planned.status == "planned" and planned.epoch == 2
+
+
+@pytest.fixture(scope="module")
+def console(
+    tmp_path_factory: pytest.TempPathFactory, settings: Settings, kafka_admin: Any
+) -> Iterator[Console]:
+    from confluent_kafka.admin import NewTopic
+    from local_stack.local_airflow import airflow_environment, migrate, run_airflow
+
+    tmp = tmp_path_factory.mktemp("console")
+    suffix = uuid.uuid4().hex[:8]
+    pipeline, topic = f"console-{suffix}", f"console-{suffix}"
+    kafka_admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
+    ours = {
+        "ONCEFLOW_CONSOLE_PIPELINE": pipeline,
+        "ONCEFLOW_CONSOLE_TOPIC": topic,
+        "ONCEFLOW_CONSOLE_FILES": str(tmp / "files"),
+        "ONCEFLOW_HOME": str(tmp / "onceflow-home"),
+        "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp / 'ledger.db'}",
+        "ONCEFLOW_PIPELINES": SPEC,
+    }
+    run_ids = (f"manual__console-{suffix}-1", f"manual__console-{suffix}-2")
+    server = None
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in ours.items():
+            patch.setenv(key, value)
+        patch.delitem(sys.modules, "tests.integration.airflow.console_pipeline", raising=False)
+        try:
+            with Ledger.connect(ours["ONCEFLOW_LEDGER_URL"], check=False) as ledger:
+                ledger.upgrade()
+            plant_epochs(ours, settings, run_ids)
+
+            home = tmp / "airflow-home"
+            dags = tmp / "dags"
+            dags.mkdir()
+            (dags / "onceflow_console_test.py").write_text(DAG_FILE.format(spec=SPEC))
+            port = free_port()
+            passwords = home / "passwords.json"
+            env = airflow_environment(settings, ROOT, home, {**os.environ, **ours})
+            env.update(ours)  # over the session's settings, which airflow_environment passes on
+            env.update(
+                {
+                    "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
+                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+                    "AIRFLOW__API__PORT": str(port),
+                    "AIRFLOW__API__HOST": "127.0.0.1",
+                    "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+                    "AIRFLOW__API__WORKERS": "1",
+                    "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
+                }
+            )
+            migrate(env)
+            passwords.write_text(json.dumps(PASSWORDS))
+            dag_id = f"onceflow_{pipeline}"
+            # The DAG and its run of epoch 1, so that the run's page has the "Epoch" tab to show.
+            run_airflow(["dags", "reserialize"], env, timeout=300)
+            run_airflow(["dags", "trigger", dag_id, "--run-id", run_ids[0]], env, timeout=300)
+            log = tmp / "api-server.log"
+            with log.open("wb") as out:
+                server = subprocess.Popen(
+                    [str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(url, server, log)
+            yield Console(url, pipeline, dag_id, topic, ours["ONCEFLOW_LEDGER_URL"], run_ids)
+        finally:
+            if server is not None and server.poll() is None:
+                os.killpg(server.pid, signal.SIGTERM)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    server.wait()
+            kafka_admin.delete_topics([topic])
+            shutil.rmtree(tmp / "files", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the screenshots go: ONCEFLOW_CONSOLE_SCREENSHOTS (e.g. docs), else a temporary folder."""
+    wanted = os.environ.get("ONCEFLOW_CONSOLE_SCREENSHOTS")
+    folder = ROOT / wanted if wanted else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def browser_factory() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    if not Path(CHROMEDRIVER).is_file():
+        pytest.fail(
+            f"{CHROMEDRIVER} is missing: install Debian's chromium and chromium-driver "
+            "(`apt-get install -y chromium chromium-driver`, as .ci/run does)",
+            pytrace=False,
+        )
+    drivers = []
+
+    def make() -> webdriver.Chrome:
+        options = webdriver.ChromeOptions()
+        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1500,1100"):
+            options.add_argument(arg)
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        driver.implicitly_wait(0)
+        drivers.append(driver)
+        return driver
+
+    yield make
+    for driver in drivers:
+        driver.quit()
+
+
+def wait_for(driver: Any, condition: Any, timeout: float = 30) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(condition)
+
+
+def log_in(driver: Any, console: Console, user: str, path: str) -> None:
+    """Open ``path``: the console sends the browser to Airflow's login page, which comes back to it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    driver.get(f"{console.url}{path}")
+    wait_for(driver, ec.presence_of_element_located((By.NAME, "username")))
+    assert "/auth/login" in driver.current_url
+    driver.find_element(By.NAME, "username").send_keys(user)
+    driver.find_element(By.NAME, "password").send_keys(PASSWORDS[user])
+    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+
+
+def console_page(driver: Any, console: Console, user: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    log_in(driver, console, user, f"/onceflow/?pipeline={console.pipeline}")
+    wait_for(
+        driver, ec.text_to_be_present_in_element((By.CSS_SELECTOR, "h2 .pipeline-name"), console.pipeline)
+    )
+
+
+def run_action(driver: Any, action: str, epoch: int) -> str:
+    """Fill the action form, confirm, and return the answer the page shows."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select
+
+    form = driver.find_element(By.ID, "action-form")
+    Select(form.find_element(By.NAME, "action")).select_by_visible_text(action)
+    field = form.find_element(By.NAME, "epoch")
+    field.clear()
+    field.send_keys(str(epoch))
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait_for(driver, ec.alert_is_present()).accept()
+    wait_for(driver, ec.visibility_of_element_located((By.ID, "action-result")))
+    return str(driver.find_element(By.ID, "action-result").text)
+
+
+def post_from_page(driver: Any, path: str, content_type: str = "application/json") -> tuple[int, str]:
+    """POST ``{"epoch": 1}`` from the signed-in page (its cookie, its origin): status and body."""
+    status, body = driver.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        fetch(arguments[0], {method: "POST", credentials: "same-origin",
+                             headers: {"Content-Type": arguments[1]}, body: JSON.stringify({epoch: 1})})
+          .then(async (r) => done([r.status, await r.text()]));
+        """,
+        path,
+        content_type,
+    )
+    return int(status), str(body)
+
+
+def status_of(console: Console, epoch: int) -> EpochStatus:
+    with Ledger.connect(console.ledger_url) as ledger:
+        return ledger.epoch(console.pipeline, epoch).status
+
+
+def test_an_unauthenticated_request_is_refused(console: Console) -> None:
+    for method, path in (
+        ("GET", "/onceflow/api/pipelines"),
+        ("GET", f"/onceflow/api/pipelines/{console.pipeline}"),
+        ("POST", f"/onceflow/api/pipelines/{console.pipeline}/actions/abort"),
+    ):
+        request = urllib.request.Request(
+            console.url + path,
+            method=method,
+            data=b'{"epoch": 2}' if method == "POST" else None,
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 401, path
+    assert status_of(console, 2) is EpochStatus.PLANNED
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object) -> None:
+            return None
+
+    with pytest.raises(urllib.error.HTTPError) as sent:
+        urllib.request.build_opener(NoRedirect).open(f"{console.url}/onceflow/", timeout=30)
+    assert sent.value.code == 303 and "/auth/login" in sent.value.headers["location"]
+
+
+def test_the_console_shows_the_committed_epoch_its_ranges_and_the_dead_letter(
+    console: Console, browser_factory: Any, shots: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser_factory()
+    console_page(driver, console, "admin")
+    with Ledger.connect(console.ledger_url) as ledger:
+        first = ledger.epoch(console.pipeline, 1)
+        planned = ledger.epoch(console.pipeline, 2)
+    rows = {
+        row.find_element(By.CSS_SELECTOR, ".epoch-number").text: row
+        for row in driver.find_elements(By.CSS_SELECTOR, "table.epochs tbody tr")
+    }
+    assert sorted(rows) == ["1", "2"]
+    committed = rows["1"].text
+    assert "COMMITTED" in committed and console.run_ids[0] in committed
+    shown = [li.text for li in rows["1"].find_elements(By.CSS_SELECTOR, "li.range")]
+    assert shown == [f"{r.topic}[{r.partition}] [{r.from_offset}, {r.until_offset})" for r in first.ranges]
+    # 12 clicks, one bad record and a transaction marker in each of the two partitions
+    assert sum(r.until_offset - r.from_offset for r in first.ranges) == 15
+    assert "PLANNED" in rows["2"].text
+    doubt = driver.find_element(By.ID, "in-doubt").text
+    assert "epoch 2 PLANNED" in doubt and "undecided" in doubt
+    letters = driver.find_elements(By.CSS_SELECTOR, "table.dead-letters tbody tr")
+    assert len(letters) == 1
+    assert "malformed_json: " in letters[0].text and "'{oops' (5 bytes)" in letters[0].text
+    form = driver.find_element(By.CSS_SELECTOR, "form.filters")
+    form.find_element(By.NAME, "text").send_keys("no such payload")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "p.empty.dead-letters"))
+    assert "0 dead letters" in driver.find_element(By.ID, "dead-letters").text
+    driver.get(f"{console.url}/onceflow/?pipeline={console.pipeline}&code=malformed_json&text=oops")
+    assert len(driver.find_elements(By.CSS_SELECTOR, "table.dead-letters tbody tr")) == 1
+    lag = driver.find_element(By.ID, "lag").text
+    waiting = sum(r.until_offset - r.from_offset for r in planned.ranges)  # what epoch 2 would read
+    assert console.topic in lag and f"total lag {waiting}" in lag and waiting >= 3
+    driver.save_screenshot(str(shots / "console-epochs.png"))
+
+    # The same page in Airflow's navigation ("Epochs"), inside Airflow's own frame.
+    driver.get(f"{console.url}/plugin/onceflow-epochs")
+    frame = wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "iframe[title=Epochs]"))
+    driver.switch_to.frame(frame[0])
+    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "table.epochs"))
+    assert console.pipeline in driver.find_element(By.CSS_SELECTOR, "h2").text
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(shots / "console-in-airflow.png"))
+
+
+def test_the_dag_run_page_shows_that_runs_epoch(console: Console, browser_factory: Any, shots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser_factory()
+    log_in(
+        driver, console, "admin", f"/dags/{console.dag_id}/runs/{console.run_ids[0]}/plugin/onceflow-epoch"
+    )
+    frame = wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "iframe[title=Epoch]"))
+    driver.switch_to.frame(frame[0])
+    heading = wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".run-view h2"))
+    assert heading[0].text == f"epoch 1 of pipeline {console.pipeline} COMMITTED"
+    assert "1 dead letter(s) in this epoch" in driver.find_element(By.CSS_SELECTOR, ".run-view").text
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(shots / "console-dag-run.png"))
+
+
+def test_an_editor_aborts_the_undecided_epoch_and_is_refused_the_committed_one(
+    console: Console, browser_factory: Any, shots: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser_factory()
+    console_page(driver, console, "admin")
+    driver.find_element(By.CSS_SELECTOR, 'button.act-abort[data-epoch="2"]').click()
+    wait_for(driver, lambda d: d.switch_to.alert).accept()
+    answer = wait_for(
+        driver,
+        lambda d: (
+            d.find_element(By.ID, "action-result").text
+            if d.find_elements(By.CSS_SELECTOR, ".action-result.done")
+            else None
+        ),
+    )
+    assert f"epoch 2 of pipeline '{console.pipeline}' (ABORTED)" in str(answer)
+    with Ledger.connect(console.ledger_url) as ledger:
+        second = ledger.epoch(console.pipeline, 2)
+        first = ledger.epoch(console.pipeline, 1)
+    assert second.status is EpochStatus.ABORTED
+    assert second.abort_reason == "aborted by hand with the epochs console by admin"
+    assert "nothing in doubt" in driver.find_element(By.ID, "in-doubt").text
+
+    refused = run_action(driver, "abort", 1)
+    assert refused.splitlines()[0] == abort_refusal(first)  # the coordinator's words, as the CLI prints them
+    assert "abort refused: cannot abort epoch 1" in refused
+    assert status_of(console, 1) is EpochStatus.COMMITTED
+    driver.save_screenshot(str(shots / "console-refusal.png"))
+    # What a form on another site could send (no JSON) is turned away before anything happens.
+    status, _ = post_from_page(
+        driver, f"/onceflow/api/pipelines/{console.pipeline}/actions/recover", "text/plain"
+    )
+    assert status == 415
+
+
+def test_a_viewer_may_look_but_is_refused_every_action(console: Console, browser_factory: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser_factory()
+    console_page(driver, console, "viewer")
+    assert driver.find_elements(By.ID, "action-form") == []
+    assert "You may look, not act" in driver.find_element(By.ID, "actions").text
+    # The server refuses whatever the page shows: the same request the form would send, from the
+    # viewer's signed-in browser.
+    status, body = post_from_page(driver, f"/onceflow/api/pipelines/{console.pipeline}/actions/commit")
+    assert status == 403
+    assert json.loads(body)["detail"] == f"forbidden: viewer may not edit the DAG '{console.dag_id}'"
+    assert status_of(console, 1) is EpochStatus.COMMITTED
