@@ -4,6 +4,10 @@ report``, with ``abort`` when any process task fails.
 Each DAG run is one epoch. ``max_active_runs=1`` keeps epochs in order; retries are safe because every
 step is idempotent and guarded by the ledger. Process tasks are not retried: a failed slice aborts the
 epoch, and the next run replays its ranges from the same offsets.
+
+``schedule=ON_NEW_RECORDS`` runs the DAG when its topics hold records beyond the committed position: the
+DAG is scheduled on an asset whose watcher (`onceflow_airflow.triggers.NewRecordsTrigger`, in the
+triggerer) announces them. The run still plans its ranges from the ledger, so events only wake it up.
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, Param, TriggerRule
+from airflow.sdk import DAG, Asset, AssetWatcher, Param, TriggerRule
 
 from onceflow.engine.submit import SPARK_CONF
-from onceflow.pipeline import load_pipeline
+from onceflow.pipeline import Pipeline, load_pipeline
 from onceflow_airflow.operators import (
     INTERVAL_MODES,
     OnceflowAbortOperator,
@@ -27,8 +31,30 @@ from onceflow_airflow.operators import (
     OnceflowRecoverOperator,
     OnceflowReportOperator,
 )
+from onceflow_airflow.triggers import NewRecordsTrigger
 
 DEFAULT_START = datetime(2024, 1, 1)
+# schedule=ON_NEW_RECORDS: run when the pipeline's topics hold records beyond its committed position.
+ON_NEW_RECORDS = "on_new_records"
+
+
+def new_records_asset(
+    spec: Pipeline,
+    pipeline: str,
+    conns: dict[str, str],
+    *,
+    poll_interval_s: float = 5.0,
+    repeat_s: float = 300.0,
+) -> Asset:
+    """The asset ``onceflow_<name>_new_records`` whose watcher announces the pipeline's new records."""
+    trigger = NewRecordsTrigger(
+        pipeline=pipeline, poll_interval_s=poll_interval_s, repeat_s=repeat_s, **conns
+    )
+    return Asset(
+        name=f"onceflow_{spec.name}_new_records",
+        uri=f"onceflow://{spec.name}/new-records",
+        watchers=[AssetWatcher(name=f"onceflow_{spec.name}_new_records", trigger=trigger)],
+    )
 
 
 def spark_application() -> str:
@@ -53,17 +79,24 @@ def build_dag(
     retries: int = 2,
     retry_delay: timedelta = timedelta(seconds=10),
     spark_conn_id: str = "spark_default",
+    spark_connect_conn_id: str = "spark_connect_default",
     spark_conf: dict[str, str] | None = None,
     ledger_conn_id: str = "onceflow_ledger",
     kafka_conn_id: str = "onceflow_kafka",
     postgres_conn_id: str = "onceflow_postgres",
     tags: tuple[str, ...] = (),
     doc_md: str | None = None,
+    poll_interval_s: float = 5.0,
 ) -> DAG:
     """Build the DAG of the pipeline at ``module:attribute`` (its dag_id defaults to onceflow_<name>).
 
     ``schedule`` is any Airflow schedule; use an interval timetable (e.g. ``CronDataIntervalTimetable``)
-    for scheduled runs and backfills whose data interval bounds each epoch.
+    for scheduled runs and backfills whose data interval bounds each epoch, or ``ON_NEW_RECORDS`` to run
+    when new records arrive (checked every ``poll_interval_s`` by the triggerer).
+
+    Process tasks send their slices to the Spark Connect server of ``spark_connect_conn_id`` when that
+    connection exists (else of ``ONCEFLOW_SPARK_REMOTE``), and spark-submit through ``spark_conn_id``
+    otherwise.
     """
     spec = load_pipeline(pipeline)
     conns = {
@@ -71,6 +104,8 @@ def build_dag(
         "kafka_conn_id": kafka_conn_id,
         "postgres_conn_id": postgres_conn_id,
     }
+    if schedule == ON_NEW_RECORDS:
+        schedule = [new_records_asset(spec, pipeline, conns, poll_interval_s=poll_interval_s)]
     with DAG(
         dag_id=dag_id or f"onceflow_{spec.name}",
         schedule=schedule,
@@ -108,6 +143,7 @@ def build_dag(
                 slice_number=number,
                 application=spark_application(),
                 conn_id=spark_conn_id,
+                spark_connect_conn_id=spark_connect_conn_id,
                 name=f"onceflow-{spec.name}-s{number}",
                 conf={**SPARK_CONF, **(spark_conf or {})},
                 env_vars={"PYSPARK_PYTHON": executor_python(), "PYSPARK_DRIVER_PYTHON": sys.executable},

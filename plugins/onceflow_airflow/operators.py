@@ -6,32 +6,83 @@ a cleared task, a retry or ``airflow tasks test`` acts on the epoch the ledger s
 refusal fails the task (no retry) with the refusal as its last log line, in the CLI's words; under
 ``airflow tasks test``, which reports every task outcome with exit status 0, it also ends the command
 with the CLI's exit status for a refusal (3).
+
+Each step sends its wall time, and the report and abort steps the epoch's figures and lag, through
+Airflow's metrics (`onceflow_airflow.metrics`); the process and commit steps describe their inputs and
+outputs to OpenLineage (`onceflow_airflow.lineage`).
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowNotFoundException,
+    AirflowSkipException,
+)
 
 from onceflow.cli import EXIT_REFUSED
 from onceflow.coordinator import Coordinator, EpochOwned, PlanResult, Refused, process_alive
+from onceflow.engine.connect import connect_sessions, pipeline_modules, spark_remote
+from onceflow.engine.local_slice import run_slice_local
+from onceflow.engine.slice_job import run_slice
 from onceflow.engine.submit import application_args
+from onceflow.epoch_metrics import epoch_metrics, lag_metrics, step_metric
+from onceflow.errors import OnceflowError
+from onceflow.ledger import Ledger
+from onceflow.new_records import read_backlog
 from onceflow.pipeline import Pipeline, load_pipeline
 from onceflow_airflow.hooks import OnceflowHook
+from onceflow_airflow.lineage import operator_lineage
+from onceflow_airflow.metrics import emit
 
 # How a run chooses its input: "auto" bounds scheduled and backfill runs by their data interval and
 # reads manual runs up to the newest stable offset; "bound" and "ignore" force one or the other.
 INTERVAL_MODES = ("auto", "bound", "ignore")
+# ONCEFLOW_EXECUTOR=local runs each process task's slice in the task's own process, without Spark (for
+# pipelines without transform and state); anything else leaves the choice below (Connect or submit).
+LOCAL_EXECUTOR = "local"
+
+
+@contextmanager
+def timed(pipeline: str, step: str, **tags: str) -> Iterator[None]:
+    """Send the block's wall time as ``onceflow.<pipeline>.<step>.duration``, whether it succeeds or
+    fails (not when it is skipped)."""
+    started = time.monotonic()
+    try:
+        yield
+    except AirflowSkipException:
+        raise  # a step with nothing to do is not timed
+    except BaseException:
+        emit([step_metric(pipeline, step, time.monotonic() - started, **tags)])
+        raise
+    emit([step_metric(pipeline, step, time.monotonic() - started, **tags)])
+
+
+def send_epoch_metrics(ledger: Ledger, spec: Pipeline, run_id: str, bootstrap: str, log: Any) -> None:
+    """The figures of the run's finished epoch and the pipeline's lag now; best effort (a lag that cannot
+    be read is left out with one line in the log)."""
+    epoch = ledger.epoch_of_run(spec.name, run_id)
+    if epoch is not None and epoch.is_final:
+        emit(epoch_metrics(ledger, epoch))
+    try:
+        emit(lag_metrics(read_backlog(spec, ledger, bootstrap)))
+    except OnceflowError as exc:
+        log.warning("onceflow: lag not sent: %s", exc)
 
 
 def _under_tasks_test() -> bool:
@@ -121,7 +172,7 @@ class OnceflowRecoverOperator(_OnceflowOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         alive = self._owner_alive(context)
-        with self.coordinator() as coordinator:
+        with self.coordinator() as coordinator, timed(coordinator.pipeline, "recover"):
             report = coordinator.recover(
                 by=f"Airflow task {self.task_id} of run {context['dag_run'].run_id}", owner_alive=alive
             )
@@ -174,7 +225,7 @@ class OnceflowPlanOperator(_OnceflowOperator):
         params = context["params"]
         interval = run_interval(context, str(params.get("interval", "auto")))
         run_id = context["dag_run"].run_id
-        with self.coordinator() as coordinator:
+        with self.coordinator() as coordinator, timed(coordinator.pipeline, "plan"):
             try:
                 result = coordinator.plan(
                     run_id=run_id,
@@ -191,7 +242,12 @@ class OnceflowPlanOperator(_OnceflowOperator):
 
 
 class OnceflowProcessOperator(SparkSubmitOperator):
-    """The process step: spark-submit ``onceflow_process.py`` for one slice of this run's epoch.
+    """The process step: one slice of this run's epoch, on the warm Spark runtime or by spark-submit.
+
+    With a Spark Connect server (the ``spark_connect`` connection ``spark_connect_conn_id``, else
+    ``ONCEFLOW_SPARK_REMOTE``) this task is the slice's driver and sends its queries to the server;
+    otherwise it spark-submits ``onceflow_process.py`` through the ``spark`` connection, as the
+    apache-spark provider's SparkSubmitOperator does.
 
     Skipped (not failed) when the run planned nothing to process, when the slice has no read task in
     this epoch, or when the epoch is already decided (a cleared or retried task must not redo it); the
@@ -210,15 +266,25 @@ class OnceflowProcessOperator(SparkSubmitOperator):
         ledger_conn_id: str = "onceflow_ledger",
         kafka_conn_id: str = "onceflow_kafka",
         postgres_conn_id: str = "onceflow_postgres",
+        spark_connect_conn_id: str = SparkConnectHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.slice_number = slice_number
+        self.spark_connect_conn_id = spark_connect_conn_id
         self.plan_task_id = plan_task_id
         self.onceflow_hook = OnceflowHook(ledger_conn_id, kafka_conn_id, postgres_conn_id)
 
     def execute(self, context: Any) -> None:
+        with timed(load_pipeline(self.pipeline).name, "process", slice=str(self.slice_number)):
+            self._process_slice(context)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The slice reads the pipeline's topics and stages into its sinks."""
+        return operator_lineage(load_pipeline(self.pipeline), self.onceflow_hook.settings())
+
+    def _process_slice(self, context: Any) -> None:
         planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
         if not planned:
             raise AirflowFailException(f"task {self.plan_task_id!r} left no plan for this run")
@@ -232,6 +298,17 @@ class OnceflowProcessOperator(SparkSubmitOperator):
             if "ABORTED" in why:
                 raise AirflowFailException(why + " (aborted; the next run replays its range)")
             raise AirflowSkipException(why)
+        spec = load_pipeline(self.pipeline)
+        in_task = self.slice_in_task(spec, epoch.attempt_token)
+        if in_task is not None:
+            where, run = in_task
+            self.log.info("onceflow: %s: %s", why, where)
+            try:
+                summary = run(spec, epoch.number, self.slice_number, epoch.attempt_token, settings)
+            except OnceflowError as exc:  # the epoch is aborted (or the abort task aborts it); replayed next
+                raise AirflowFailException(f"onceflow: {exc}") from exc
+            self.log.info("onceflow: slice %s done: %s", self.slice_number, summary)
+            return
         self.log.info("onceflow: %s: spark-submit", why)
         self.application_args = application_args(
             self.pipeline, epoch.number, self.slice_number, epoch.attempt_token
@@ -243,14 +320,39 @@ class OnceflowProcessOperator(SparkSubmitOperator):
         }
         super().execute(context)
 
+    def slice_in_task(
+        self, spec: Pipeline, attempt_token: str
+    ) -> tuple[str, Callable[..., dict[str, Any]]] | None:
+        """Where the slice runs when this task is its driver, and how: in this process without Spark
+        (ONCEFLOW_EXECUTOR=local), or on the Spark Connect server; None means spark-submit."""
+        if os.environ.get("ONCEFLOW_EXECUTOR") == LOCAL_EXECUTOR:
+            return "in this task's process (ONCEFLOW_EXECUTOR=local)", run_slice_local
+        remote = self.spark_remote()
+        if remote is None:
+            return None
+        sessions = connect_sessions(remote, pipeline_modules(spec, self.pipeline), attempt_token)
+        return f"on the Spark Connect server {remote}", functools.partial(run_slice, session=sessions)
+
+    def spark_remote(self) -> str | None:
+        """The Spark Connect server: the ``spark_connect`` connection if there is one, else
+        ``ONCEFLOW_SPARK_REMOTE``; None means spark-submit."""
+        try:
+            return SparkConnectHook(self.spark_connect_conn_id).get_connection_url()
+        except AirflowNotFoundException:
+            return spark_remote()
+
 
 class OnceflowCommitOperator(_OnceflowOperator):
     """The commit step: decide, then commit every participant; a committed epoch is left as it is."""
 
     def execute(self, context: Any) -> dict[str, Any] | None:
-        with self.coordinator() as coordinator:
+        with self.coordinator() as coordinator, timed(coordinator.pipeline, "commit"):
             epoch = coordinator.commit(run_id=context["dag_run"].run_id)
         return None if epoch is None else {"epoch": epoch.number, "status": str(epoch.status)}
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The commit makes the sinks' output visible: the pipeline's topics in, its sinks out."""
+        return operator_lineage(self.spec(), self.hook().settings())
 
 
 class OnceflowAbortOperator(_OnceflowOperator):
@@ -260,8 +362,13 @@ class OnceflowAbortOperator(_OnceflowOperator):
     def execute(self, context: Any) -> dict[str, Any] | None:
         run_id = context["dag_run"].run_id
         with self.coordinator() as coordinator:
-            epoch = coordinator.abort(
-                run_id=run_id, reason=f"aborted by Airflow task {self.task_id} of run {run_id}"
+            with timed(coordinator.pipeline, "abort"):
+                epoch = coordinator.abort(
+                    run_id=run_id, reason=f"aborted by Airflow task {self.task_id} of run {run_id}"
+                )
+            assert coordinator.spec is not None and coordinator.settings is not None
+            send_epoch_metrics(
+                coordinator.ledger, coordinator.spec, run_id, coordinator.settings.kafka_bootstrap, self.log
             )
         return None if epoch is None else {"epoch": epoch.number, "status": str(epoch.status)}
 
@@ -271,5 +378,10 @@ class OnceflowReportOperator(_OnceflowOperator):
     letters), the last lines of the run's log."""
 
     def execute(self, context: Any) -> list[str]:
+        run_id = context["dag_run"].run_id
         with self.coordinator() as coordinator:
-            return coordinator.report(run_id=context["dag_run"].run_id)
+            assert coordinator.spec is not None and coordinator.settings is not None
+            send_epoch_metrics(
+                coordinator.ledger, coordinator.spec, run_id, coordinator.settings.kafka_bootstrap, self.log
+            )
+            return coordinator.report(run_id=run_id)
