@@ -79,6 +79,11 @@ onceflow_port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 # Where DAGs find the spark-submit entry points (docker-compose mounts them elsewhere).
 export ONCEFLOW_SPARK_JOBS="${ONCEFLOW_SPARK_JOBS:-$ONCEFLOW_ROOT/spark_jobs}"
 
+# The pipelines that the CLI and the epochs console act on by name (module:attribute, comma-separated).
+export ONCEFLOW_PIPELINES="${ONCEFLOW_PIPELINES:-}"
+
+# `make services` starts the warm runtime unless ONCEFLOW_WARM_SPARK=0.
+export ONCEFLOW_WARM_SPARK="${ONCEFLOW_WARM_SPARK:-1}"
 # The warm Spark runtime (infra/spark.sh): a standalone master, two workers and a Spark Connect server,
 # from the pyspark wheel of this Python, on loopback; pids, logs and scratch space in ONCEFLOW_SPARK_DATA.
 export ONCEFLOW_SPARK_PYTHON="${ONCEFLOW_SPARK_PYTHON:-$ONCEFLOW_ROOT/.venv/bin/python}"

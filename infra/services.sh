@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Start or stop the whole local stack. `start` ends by printing the connection settings as KEY=VALUE
-# lines on stdout (progress goes to stderr), so that `eval "$(infra/services.sh start)"` works.
+# Start or stop the whole local stack: PostgreSQL, Kafka and the warm Spark runtime (a standalone cluster
+# with a Spark Connect server, infra/spark.sh; ONCEFLOW_WARM_SPARK=0 leaves it out, and slices then run
+# through spark-submit). `start` ends by printing the connection settings as KEY=VALUE lines on stdout
+# (progress goes to stderr), so that `eval "$(infra/services.sh start)"` works.
 set -euo pipefail
 here="$(dirname "${BASH_SOURCE[0]}")"
 # shellcheck source=infra/env.sh
@@ -11,17 +13,26 @@ print_env() {
   for key in ONCEFLOW_HOME ONCEFLOW_KAFKA_BOOTSTRAP ONCEFLOW_PG_DSN ONCEFLOW_LEDGER_URL; do
     printf '%s=%q\n' "$key" "${!key}"
   done
+  if warm_spark; then "$here/spark.sh" env; fi
 }
+
+warm_spark() { [ "${ONCEFLOW_WARM_SPARK:-1}" != "0" ]; }
 
 case "${1:-}" in
   start)
     mkdir -p "$ONCEFLOW_HOME"
     "$here/postgres.sh" start
     "$here/kafka.sh" start
+    if warm_spark; then
+      "$here/spark.sh" start >/dev/null
+    else
+      onceflow_say "ONCEFLOW_WARM_SPARK=0: no Spark runtime; slices run through spark-submit"
+    fi
     onceflow_say "local stack is up; stop it with: make services-stop"
     print_env
     ;;
   stop)
+    "$here/spark.sh" stop
     "$here/kafka.sh" stop
     "$here/postgres.sh" stop
     ;;

@@ -137,13 +137,12 @@ start_connect() {
   alive connect || onceflow_say "starting the Spark Connect server on $REMOTE (UI on http://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_UI_PORT)"
   local jar_list
   jar_list=$(compgen -G "$LIBS/*.jar" | paste -sd, -)
-  # Slices set their own SQL settings per session; these are the cluster-wide ones. Output partitions
-  # are participants, so adaptive execution (which changes their number at run time) is off by default.
-  # A client killed mid-query is noticed when its response stream ends (a live client reattaches at
-  # once, every 20 s); the query, then detached, is interrupted after the detached timeout.
-  # (spark-submit sizes this server's heap from SPARK_DAEMON_MEMORY, as for the other daemons.)
+  # Slices set their own SQL settings per session; the cluster-wide ones are in infra/spark/connect-server.conf
+  # (docker-compose.yml runs its server with the same file). spark-submit sizes this server's heap from
+  # SPARK_DAEMON_MEMORY, as for the other daemons.
   SPARK_DAEMON_MEMORY="$ONCEFLOW_SPARK_DRIVER_MEMORY" launch connect "$SPARK_HOME/bin/spark-submit" \
     --class org.apache.spark.sql.connect.service.SparkConnectServer --name "onceflow Spark Connect server" \
+    --properties-file "$ONCEFLOW_ROOT/infra/spark/connect-server.conf" \
     --master "$MASTER_URL" --driver-memory "$ONCEFLOW_SPARK_DRIVER_MEMORY" --jars "$jar_list" \
     --conf "spark.executor.memory=$ONCEFLOW_SPARK_EXECUTOR_MEMORY" \
     --conf "spark.executor.cores=$ONCEFLOW_SPARK_WORKER_CORES" \
@@ -151,12 +150,7 @@ start_connect() {
     --conf "spark.connect.grpc.binding.address=$ONCEFLOW_SPARK_HOST" \
     --conf "spark.connect.grpc.binding.port=$ONCEFLOW_SPARK_CONNECT_PORT" \
     --conf "spark.ui.port=$ONCEFLOW_SPARK_UI_PORT" \
-    --conf "spark.sql.adaptive.enabled=false" \
-    --conf "spark.sql.shuffle.partitions=4" \
-    --conf "spark.task.maxFailures=4" \
-    --conf "spark.connect.execute.reattachable.senderMaxStreamDuration=20s" \
-    --conf "spark.connect.execute.manager.detachedTimeout=$ONCEFLOW_SPARK_DETACHED_TIMEOUT" \
-    --conf "spark.connect.execute.manager.maintenanceInterval=5s"
+    --conf "spark.connect.execute.manager.detachedTimeout=$ONCEFLOW_SPARK_DETACHED_TIMEOUT"
 }
 
 remote_line() { printf 'ONCEFLOW_SPARK_REMOTE=%q\n' "$REMOTE"; }

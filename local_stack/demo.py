@@ -4,9 +4,11 @@
    ``<home>/examples.env`` naming them, so that `make airflow-ui` shows the same pipeline and data.
 2. Produce a reproducible orders data set (with undecodable records and business-rule rejects).
 3. Run the ``onceflow_orders`` DAG with ``airflow dags test``, one run per epoch, each bounded by the
-   ``max_records_per_partition`` param, until the pipeline has no lag. During the second run, a Spark
-   job is killed with SIGKILL mid-epoch: that run's ``abort`` task rolls the epoch back, and the next
-   run replays its range.
+   ``max_records_per_partition`` param, until the pipeline has no lag. The process tasks run on the
+   warm Spark runtime when ``ONCEFLOW_SPARK_REMOTE`` is set (``make services`` sets it), through
+   spark-submit otherwise. During the second run, the Spark driver is killed with SIGKILL mid-epoch (the
+   Spark Connect server, restarted after the run; or the slice's spark-submit driver): that run's
+   ``abort`` task rolls the epoch back, and the next run replays its range.
 4. Check the sinks against the data set and print a report.
 """
 
@@ -25,6 +27,7 @@ from typing import Any
 
 from local_stack.local_airflow import EXAMPLES_ENV, airflow_environment, migrate, run_airflow
 from onceflow.config import Settings
+from onceflow.engine.connect import spark_remote
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Ledger
 
@@ -98,6 +101,51 @@ def _kill_slice_driver(slice_number: int, stop: threading.Event) -> list[str]:
     return killed
 
 
+def _kill_connect_server(settings: Settings, pipeline: str, stop: threading.Event) -> list[str]:
+    """Once the run's epoch is planned and the Spark Connect server runs one of its jobs (or 5 s after
+    the plan, whichever comes first), SIGKILL the server: the slice's queries die with it."""
+    import urllib.request
+
+    killed: list[str] = []
+    pidfile = Path(os.environ.get("ONCEFLOW_SPARK_DATA") or settings.home / "spark") / "connect.pid"
+    ui = f"http://127.0.0.1:{os.environ.get('ONCEFLOW_SPARK_UI_PORT', '14040')}/api/v1/applications"
+
+    def running_jobs() -> int:
+        try:
+            with urllib.request.urlopen(ui, timeout=2) as answer:
+                app = json.load(answer)[0]["id"]
+            with urllib.request.urlopen(f"{ui}/{app}/jobs?status=running", timeout=2) as answer:
+                return len(json.load(answer))
+        except (OSError, ValueError, LookupError):
+            return 0
+
+    def hunt() -> None:
+        planned_at = None
+        while not stop.is_set():
+            if planned_at is None:
+                with Ledger.connect(settings.ledger_url) as ledger:
+                    epoch = ledger.open_epoch(pipeline)
+                if epoch is not None:
+                    planned_at = time.monotonic()
+            elif running_jobs() or time.monotonic() - planned_at > 5:
+                pid = int(pidfile.read_text().split()[0])
+                os.kill(pid, signal.SIGKILL)
+                killed.append(f"epoch {epoch.number} (the Spark Connect server, pid {pid})")
+                _say(f"SIGKILL sent to the Spark Connect server mid-epoch {epoch.number} (pid {pid})")
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=hunt, daemon=True).start()
+    return killed
+
+
+def _restart_spark_runtime(root: Path) -> None:
+    _say("restarting the Spark Connect server: infra/spark.sh start")
+    import subprocess
+
+    subprocess.run([str(root / "infra" / "spark.sh"), "start"], check=True, stdout=subprocess.DEVNULL)
+
+
 def _watch_epoch(settings: Settings, pipeline: str, label: str, stop: threading.Event) -> None:
     """Say every 15 s where the run's epoch stands, read from the ledger: a DAG run is quiet for minutes."""
 
@@ -157,6 +205,11 @@ def main() -> int:
     from examples.orders.data import make_orders, produce
 
     began = time.monotonic()
+    remote = spark_remote()
+    runtime = (
+        f"the warm Spark runtime (Spark Connect on {remote})" if remote else "spark-submit, one per slice"
+    )
+    _say(f"process tasks run on {runtime}")
     # 1.
     with Ledger.connect(settings.ledger_url, check=False) as ledger:
         ledger.upgrade()
@@ -186,7 +239,11 @@ def main() -> int:
         if lag == 0:
             break
         stop = threading.Event()
-        killed = _kill_slice_driver(1, stop) if number == KILLED_RUN else []
+        killed = []
+        if number == KILLED_RUN:
+            killed = (
+                _kill_connect_server(settings, orders.NAME, stop) if remote else _kill_slice_driver(1, stop)
+            )
         _say(f"run {number}: airflow dags test onceflow_orders ({lag} offsets to go)")
         _watch_epoch(settings, orders.NAME, f"run {number}", stop)
         started = time.monotonic()
@@ -196,11 +253,14 @@ def main() -> int:
             _say(f"run {number}: airflow reported a failure: {str(exc).splitlines()[0]}")
         stop.set()
         faults += killed
+        if killed and remote:
+            _restart_spark_runtime(root)
         with Ledger.connect(settings.ledger_url) as ledger:
             last = ledger.epochs(orders.NAME, last=1)
         outcome = str(last[0].status) if last else "nothing planned"
         outcomes.append(outcome)
-        note = f" after SIGKILL of the Spark driver of {killed[0]}" if killed else ""
+        note = f" after SIGKILL mid-{killed[0]}" if killed and remote else ""
+        note = note or (f" after SIGKILL of the Spark driver of {killed[0]}" if killed else "")
         epoch = last[0].number if last else "-"
         _say(f"run {number}: epoch {epoch} {outcome} in {time.monotonic() - started:.0f}s{note}")
 
@@ -230,7 +290,12 @@ def main() -> int:
         "onceflow demo report",
         f"  pipeline              {orders.NAME} (DAG onceflow_orders, {len(outcomes)} runs: "
         f"{outcomes.count('COMMITTED')} epochs committed, {outcomes.count('ABORTED')} aborted and replayed)",
-        f"  fault injected        SIGKILL of the Spark driver of {faults[0]}"
+        f"  Spark runtime         {runtime}",
+        (
+            f"  fault injected        SIGKILL mid-{faults[0]}"
+            if remote
+            else f"  fault injected        SIGKILL of the Spark driver of {faults[0]}"
+        )
         if faults
         else "  fault injected        none (the Spark driver finished before the kill)",
         f"  records in            {len(data.records)} on {orders.INPUT_TOPIC}",

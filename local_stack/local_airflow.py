@@ -21,6 +21,11 @@ LOCAL_SPARK_CONNECTION = '{"conn_type": "spark", "host": "local[2]"}'
 # KEY=VALUE lines in ONCEFLOW_HOME that the example pipelines read (written by `make demo`, so that
 # `make airflow-ui` shows the demo's topics and tables).
 EXAMPLES_ENV = "examples.env"
+# The example DAGs' pipelines, which the epochs console and the CLI act on by name in `make airflow-ui`.
+EXAMPLE_PIPELINES = (
+    "examples.orders.pipeline:ORDERS,examples.pageviews.pipeline:PAGEVIEWS,"
+    "examples.odd_even.pipeline:ODD_EVEN,examples.clicks.pipeline:CLICKS"
+)
 
 
 def examples_environment(home: Path) -> dict[str, str]:
@@ -79,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Variables already set in the environment win over the demo's examples.env.
     base = {**examples_environment(settings.home), **os.environ}
     env = airflow_environment(settings, root, settings.home / "airflow", base)
+    env.setdefault("ONCEFLOW_PIPELINES", EXAMPLE_PIPELINES)
     migrate(env)
     airflow = str(Path(sys.executable).parent / "airflow")
     return subprocess.run([airflow, *args], env=env, check=False).returncode

@@ -1,6 +1,6 @@
 """`make faults N=... SEED=...`: a long seeded fault run (and the consistency table), with a report.
 
-python -m tests.faults [--faults N] [--seed S] [--executor local|spark] [--no-table] [--out DIR]
+python -m tests.faults [--faults N] [--seed S] [--executor local|submit] [--no-table] [--out DIR]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
     parser.add_argument("--faults", type=int, default=100, help="how many faults to inject (default 100)")
     parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: a random one)")
-    parser.add_argument("--executor", choices=("local", "spark"), default="local")
+    parser.add_argument("--executor", choices=("local", "submit"), default="local")
     parser.add_argument("--no-table", action="store_true", help="skip the consistency table")
     parser.add_argument("--out", type=Path, default=Path("tests/faults/out"), help="report folder")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """One step of a fault scenario in its own process, so that a crash point can SIGKILL it for real.
 
-    python -m tests.faults.driver epoch PIPELINE [--executor local|spark] [--max-records N]
+    python -m tests.faults.driver epoch PIPELINE [--executor local|submit] [--max-records N]
     python -m tests.faults.driver socket-epoch PIPELINE --feed HOST:PORT --count N
     python -m tests.faults.driver recover PIPELINE
     python -m tests.faults.driver abort PIPELINE
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="step", required=True)
     run = sub.add_parser("epoch")
     run.add_argument("pipeline")
-    run.add_argument("--executor", choices=("local", "spark"), default="local")
+    run.add_argument("--executor", choices=("local", "submit", "connect"), default="local")
     run.add_argument("--max-records", type=int, default=None)
     sock = sub.add_parser("socket-epoch")
     sock.add_argument("pipeline")

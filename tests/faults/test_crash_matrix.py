@@ -41,7 +41,7 @@ def test_named_faults_on_spark_leave_every_invariant_standing(settings, pg, tmp_
     scenario.create_topics()
     try:
         faults = [(fault, 30, 2, ()) for fault in MATRIX]
-        run = harness.run_faults(scenario, pg, faults, executor="spark")
+        run = harness.run_faults(scenario, pg, faults, executor="submit")
     finally:
         scenario.drop(pg)
     harness.write_report(reports, "crash-matrix-spark", run.to_dict(), harness.run_markdown(run))
@@ -55,7 +55,7 @@ def test_bad_input_is_dead_lettered_and_never_stalls_the_pipeline(settings, pg, 
     try:
         for _ in range(2):
             scenario.workload.produce(settings.kafka_bootstrap, 40, aborted=3, bad=tuple(BAD_INPUT))
-        epochs = scenario.catch_up("spark")
+        epochs = scenario.catch_up("submit")
         verdict = scenario.verdict(pg)
     finally:
         scenario.drop(pg)

@@ -51,9 +51,9 @@ def test_state_after_faults_equals_a_fault_free_run(settings, pg, tmp_path) -> N
                 settings.kafka_bootstrap, env["ONCEFLOW_FAULTS_TOPIC"], range(last + 1, last + 41)
             )
             last += 40
-            assert scenario.epoch("spark", crash).crashed, crash
+            assert scenario.epoch("submit", crash).crashed, crash
             scenario.must(scenario.run("recover"))
-            scenario.catch_up("spark")
+            scenario.catch_up("submit")
             sums = dict(pg.execute(f"SELECT parity, total FROM {table}").fetchall())
             files = committed_state_files(scenario.spec, Settings.from_env(scenario.env))
             snapshot = [row for f in files for row in pq.read_table(f).to_pylist()]

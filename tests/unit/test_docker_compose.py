@@ -336,3 +336,33 @@ def test_rendered_ports_and_settings_match_the_local_scripts() -> None:
     moved = render({"ONCEFLOW_KAFKA_PORT": "29092", "ONCEFLOW_PG_USER": "me"})
     assert "29092:29092" in moved["services"]["kafka"]["ports"]
     assert moved["services"]["spark-worker"]["environment"]["ONCEFLOW_PG_DSN"].startswith("postgresql://me:")
+
+
+def test_the_spark_connect_server_runs_as_the_local_scripts_run_it(compose) -> None:
+    """Same properties file, two single-core workers, the Kafka source of the pinned pyspark, and the
+    provider's spark_connect connection pointing the Airflow tasks at it."""
+    connect = compose["services"]["spark-connect"]
+    command = connect["command"]
+    properties = command[command.index("--properties-file") + 1]
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in connect["volumes"]}
+    assert mounted[properties] == "./infra/spark/connect-server.conf"
+    assert "--properties-file" in (ROOT / "infra" / "spark.sh").read_text()
+    assert "infra/spark/connect-server.conf" in (ROOT / "infra" / "spark.sh").read_text()
+    assert "org.apache.spark.sql.connect.service.SparkConnectServer" in command
+    assert command[command.index("--master") + 1] == "spark://spark-master:7077"
+
+    pinned = re.search(r"^pyspark==(\S+)$", (ROOT / "constraints.txt").read_text(), re.MULTILINE)
+    assert pinned
+    package = command[command.index("--packages") + 1]
+    assert package == f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pinned.group(1)}"
+
+    workers = compose["services"]["spark-worker"]
+    assert workers["deploy"]["replicas"] == 2
+    assert "--cores" in workers["command"]
+
+    env_sh = (ROOT / "infra" / "env.sh").read_text()
+    port = re.search(r"ONCEFLOW_SPARK_CONNECT_PORT:-(\d+)", env_sh)
+    assert port and connect["ports"][0] == f"${{ONCEFLOW_SPARK_CONNECT_PORT:-{port.group(1)}}}:15002"
+    conn = compose["x-airflow"]["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]
+    assert '"conn_type": "spark_connect"' in conn and '"host": "sc://spark-connect"' in conn
+    assert '"port": 15002' in conn

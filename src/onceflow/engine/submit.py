@@ -13,9 +13,21 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from onceflow.config import Settings
+from onceflow.errors import debug_enabled
 
-# Spark settings of every slice job: no UI (one per epoch would be noise), few shuffle partitions.
-SPARK_CONF: dict[str, str] = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
+# Spark's own logging at WARN (ONCEFLOW_DEBUG=1: Spark's default, INFO).
+QUIET_LOGGING = Path(__file__).with_name("spark-log4j2.properties")
+# Spark settings of every slice job: no UI (one per epoch would be noise), few shuffle partitions, and
+# Spark's logging quiet, so that the task log shows the slice's progress.
+SPARK_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
+    **(
+        {}
+        if debug_enabled()
+        else {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{QUIET_LOGGING}"}
+    ),
+}
 # pyspark's switches to Spark Connect mode, which a spark-submit child must not inherit.
 CONNECT_MODE_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
 

@@ -27,7 +27,8 @@ def test_a_spark_task_killed_after_its_pre_commit_is_retried_and_the_driver_roll
     monkeypatch.setenv("ONCEFLOW_SPARK_MASTER", "local[2,3]")  # Spark may retry a failed task twice
     monkeypatch.setenv(CRASH_AT_ENV, "task_after_precommit")
     monkeypatch.setenv(CRASH_STATE_ENV, str(tmp_path / "crash"))
-    outcome = run_epoch(ORDERS, Settings.from_env())
+    # spark-submit: the crash point fires in executors that this process's environment reaches.
+    outcome = run_epoch(ORDERS, Settings.from_env(), executor="submit")
     monkeypatch.delenv(CRASH_AT_ENV)
     assert crashed(tmp_path / "crash", "task_after_precommit")
     assert outcome.epoch.status == EpochStatus.COMMITTED
