@@ -102,3 +102,37 @@ def replacing_pipeline() -> Pipeline:
 
 
 REPLACING = replacing_pipeline()
+
+
+# Seconds each partition of the slow pipeline's transform sleeps on an executor, so that a fault can
+# land while its tasks run.
+SLOW_PARTITION_S = 1.5
+
+
+def enrich_slowly(frame):  # type: ignore[no-untyped-def]
+    """`enrich`, with every partition held for SLOW_PARTITION_S on its executor."""
+    pause = SLOW_PARTITION_S
+
+    def held(batches):  # type: ignore[no-untyped-def]
+        import time
+
+        time.sleep(pause)
+        yield from batches
+
+    kept = enrich(frame)
+    return kept.mapInArrow(held, kept.schema)
+
+
+def slow_pipeline() -> Pipeline:
+    """The orders pipeline in one slice whose tasks take seconds: for faults of the Spark cluster."""
+    orders = orders_pipeline()
+    return replace(
+        orders,
+        name=f"{orders.name}-slow",
+        transform="tests.integration.engine.pipelines:enrich_slowly",
+        slices=1,
+        max_records_per_task=10,
+    )
+
+
+SLOW = slow_pipeline()
