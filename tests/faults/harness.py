@@ -438,6 +438,7 @@ SINK_ROWS = {
     "idempotent": "idempotent sink",
     "wal": "write-ahead-log sink",
     "two_phase": "two-phase commit sink",
+    "iceberg": "Iceberg sink (one snapshot per epoch)",
 }
 SOURCES = {"socket": "non-replayable source (socket)", "kafka": "replayable source (Kafka)"}
 # The seeds' summary table, which the observed one must equal.
@@ -446,6 +447,7 @@ SEEDS_TABLE = {
     "idempotent": {"socket": "at-most-once", "kafka": "exactly-once"},
     "wal": {"socket": "at-most-once", "kafka": "at-least-once"},
     "two_phase": {"socket": "at-most-once", "kafka": "exactly-once"},
+    "iceberg": {"socket": "at-most-once", "kafka": "exactly-once"},
 }
 # One fault schedule for every cell: one epoch per entry, each with its crash, then recovery.
 TABLE_SCHEDULE: tuple[Crash, ...] = (
@@ -461,8 +463,15 @@ TABLE_EPOCH = 30  # records per epoch
 
 
 def observe_table(scenario: Scenario, pg: Any, expected: set[int]) -> dict[str, invariants.SinkTally]:
+    home = scenario.root / "home"
     return {
-        sink.name: invariants.tally(sink.name, expected, invariants.pg_ids(pg, sink.config["table"]))
+        sink.name: invariants.tally(
+            sink.name,
+            expected,
+            invariants.iceberg_ids(scenario.spec, sink.name, home)
+            if sink.kind == "iceberg"
+            else invariants.pg_ids(pg, sink.config["table"]),
+        )
         for sink in scenario.spec.sinks
     }
 
@@ -541,15 +550,15 @@ def run_markdown(run: FaultRun) -> str:
         f"Seed {run.seed}, executor {run.executor}: {len(run.records)} faults, "
         f"{sum(r.fired for r in run.records)} fired, {len(run.violations)} violations, {run.seconds:.0f} s.",
         "",
-        "| # | fault | produced | exits | pg | files | kafka | invariants |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| # | fault | produced | exits | pg | files | iceberg | kafka | invariants |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in run.records:
         exits = ", ".join(f"{s.step}:{s.returncode}" for s in r.steps)
         tallies = {t.sink: t for t in r.verdict.tallies}
         counts = [
             f"{tallies[s].delivered}/{tallies[s].expected}" if s in tallies else "-"
-            for s in ("pg", "files", "kafka")
+            for s in ("pg", "files", "iceberg", "kafka")
         ]
         verdict = "ok" if not r.verdict.violations else "; ".join(r.verdict.violations)
         lines.append(

@@ -100,6 +100,43 @@ class Verdict:
         return {"tallies": [t.to_dict() for t in self.tallies], "violations": self.violations}
 
 
+def iceberg_ids(spec: Pipeline, sink: str, home: Path) -> list[int]:
+    """The ids an engine reading the Iceberg sink's table sees (pyiceberg's scan of the current snapshot)."""
+    table = _iceberg_table(spec, sink, home)
+    return [] if table is None else table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+
+
+def _iceberg_table(spec: Pipeline, sink: str, home: Path) -> Any:
+    from onceflow.config import Settings
+    from onceflow.sinks import iceberg
+
+    found = next(s for s in spec.sinks if s.name == sink)
+    config = iceberg.SINK_KIND.config_for(found, Settings.from_env({"ONCEFLOW_HOME": str(home)}))
+    parsed = iceberg.IcebergConfig.from_mapping(config)
+    return iceberg.tables.load(parsed.open_catalog(), parsed.table)
+
+
+def iceberg_leftovers(spec: Pipeline, home: Path) -> list[str]:
+    """Markers of staged attempts, and data files that no snapshot references, in Iceberg sinks."""
+    from onceflow.sinks import iceberg
+
+    problems = []
+    for sink in (s for s in spec.sinks if s.kind == "iceberg"):
+        table = _iceberg_table(spec, sink.name, home)
+        if table is None:
+            continue
+        store = iceberg.files.Store.for_location(table.location())
+        markers = store.files_under(f"{table.location()}/{iceberg.files.MARKERS}")
+        if markers:
+            problems.append(f"iceberg sink {sink.name}: staged attempts left: {markers[:3]}")
+        referenced = iceberg.referenced_files(table)
+        data = store.files_under(iceberg.files.data_root(iceberg._data_path(table), spec.name, sink.name))
+        unreferenced = [p for p in data if p not in referenced]
+        if unreferenced:
+            problems.append(f"iceberg sink {sink.name}: unreferenced data files left: {unreferenced[:3]}")
+    return problems
+
+
 def check_protocol_clean(spec: Pipeline, ledger: Ledger, pg: Any, root: Path) -> list[str]:
     """No epoch in flight, committed offsets contiguous, nothing prepared or staged."""
     problems = []
@@ -122,13 +159,14 @@ def check_protocol_clean(spec: Pipeline, ledger: Ledger, pg: Any, root: Path) ->
     staged = sorted(str(p.relative_to(root)) for p in root.glob("**/_staging/**/*") if p.is_file())
     if staged:
         problems.append(f"staging left: {staged[:5]}")
+    problems += iceberg_leftovers(spec, root / "home")
     return problems
 
 
 def check_records(
     spec: Pipeline, ledger: Ledger, pg: Any, root: Path, workload: Any, bootstrap: str
 ) -> Verdict:
-    """The records pipeline: each good record once in PostgreSQL, the files and Kafka; the rest."""
+    """The records pipeline: each good record once in PostgreSQL, the files, Iceberg and Kafka; the rest."""
     expected = set(workload.good)
     sinks = {s.name: s for s in spec.sinks}
     kafka_out = kafka_records(bootstrap, sinks["kafka"].config["topic"])
@@ -136,6 +174,7 @@ def check_records(
     observed = {
         "pg": pg_ids(pg, sinks["pg"].config["table"]),
         "files": files.column("id").to_pylist() if files.num_columns else [],
+        "iceberg": iceberg_ids(spec, "iceberg", root / "home"),
         "kafka": [int(value["id"]) for _, value in kafka_out],
     }
     verdict = Verdict([tally(name, expected, ids) for name, ids in observed.items()])

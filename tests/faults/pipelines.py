@@ -14,6 +14,7 @@ from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
 FORMAT = JsonFormat(schema={"id": "int", "payload": "string"}, key_field="k")
 MAX_RECORD_BYTES = 2048
 SOCKET_TOPIC = "socket"
+ICEBERG_COLUMNS = {"id": "long", "payload": "string", "_partition": "int", "_offset": "long"}
 
 
 def _reader(env: Mapping[str, str] | None) -> Callable[[str, str], str]:
@@ -22,7 +23,7 @@ def _reader(env: Mapping[str, str] | None) -> Callable[[str, str], str]:
 
 
 def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
-    """Every record to PostgreSQL (two-phase commit), Parquet files and a Kafka topic (transactions)."""
+    """Every record to PostgreSQL (two-phase commit), Parquet files, an Iceberg table and a Kafka topic."""
     _env = _reader(env)
     root = Path(_env("ROOT", "/tmp/onceflow-faults"))
     return Pipeline(
@@ -44,6 +45,8 @@ def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
                 },
             ),
             SinkSpec("files", "files", {"root": str(root / "files"), "table": "records"}),
+            # The default catalog: SQLite under the scenario's ONCEFLOW_HOME, so each scenario has its own.
+            SinkSpec("iceberg", "iceberg", {"table": "faults.records", "columns": ICEBERG_COLUMNS}),
             SinkSpec(
                 "kafka",
                 "kafka",
@@ -63,7 +66,8 @@ def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
 
 
 def table_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
-    """One sink of each kind of the consistency table, all to PostgreSQL, fed the same records."""
+    """One sink of each kind of the consistency table (PostgreSQL, and an Iceberg table), fed the same
+    records."""
     _env = _reader(env)
     root = Path(_env("ROOT", "/tmp/onceflow-faults"))
     table = _env("TABLE", "faults_table")
@@ -82,6 +86,7 @@ def table_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
             ),
             SinkSpec("wal", "wal", {"root": str(root / "wal"), "table": f"{table}_wal", "columns": columns}),
             SinkSpec("two_phase", "postgres_2pc", {"table": f"{table}_two_phase", "columns": columns}),
+            SinkSpec("iceberg", "iceberg", {"table": "faults.table", "columns": ICEBERG_COLUMNS}),
         ),
         max_records_per_partition=int(_env("MAX_RECORDS", "100000")),
         max_record_bytes=MAX_RECORD_BYTES,

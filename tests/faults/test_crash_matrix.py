@@ -63,5 +63,5 @@ def test_bad_input_is_dead_lettered_and_never_stalls_the_pipeline(settings, pg, 
     assert sorted(scenario.workload.bad.values()) == sorted(list(BAD_INPUT) * 2)
     assert verdict.violations == []
     assert [(t.sink, t.delivered, t.lost) for t in verdict.tallies] == [
-        (sink, 80, 0) for sink in ("pg", "files", "kafka")
+        (sink, 80, 0) for sink in ("pg", "files", "iceberg", "kafka")
     ]

@@ -18,6 +18,7 @@ def test_every_kind_builds_a_writer_and_a_committer() -> None:
         "wal": {**base, "root": "/tmp/wal"},
         "files": {"root": "/tmp/files", "table": "t"},
         "kafka": {"topic": "out", "staging_root": "/tmp/k", "bootstrap": "127.0.0.1:1"},
+        "iceberg": {"table": "ns.t"},
     }
     assert set(configs) == set(known_kinds())
     for kind, config in configs.items():
@@ -51,7 +52,7 @@ def test_each_kind_is_one_object_that_answers_for_itself() -> None:
 
     kinds = {name: sink_kind(name) for name in known_kinds()}
     assert {n for n, k in kinds.items() if k.direct} == {"plain", "postgres_upsert"}
-    assert {n for n, k in kinds.items() if k.replaceable} == {"files", "postgres_upsert"}
+    assert {n for n, k in kinds.items() if k.replaceable} == {"files", "iceberg", "postgres_upsert"}
     assert {n for n, k in kinds.items() if k.guarantee == "at_least_once"} == {"plain", "wal"}
     assert kinds["kafka"].columns({"value_format": "json"}) is None
     assert kinds["kafka"].columns({}) == ["key", "value"]
