@@ -12,12 +12,16 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench.memory import TreePeak, TreeSampler
 from bench.pipelines import SPEC_ENV, SPEC_PATH
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator, committers_for
+from onceflow.engine.connect import connect_sessions, pipeline_modules
+from onceflow.engine.failures import cause_in_output
+from onceflow.engine.slice_job import run_slice
 from onceflow.engine.submit import submit_slice
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import Pipeline
@@ -118,8 +122,32 @@ class SliceFailed(RuntimeError):
     """A spark-submit of the benchmark exited non-zero (the epoch is left for the next recover)."""
 
 
-def run_to_end(spec: Pipeline, settings: Settings, records: int) -> PipelineRun:
-    """Run epochs until the ledger's committed positions cover ``records`` offsets of the source."""
+def runtime_pids(settings: Settings) -> tuple[int, ...]:
+    """The warm Spark runtime's driver and executors: its Connect server and the executors that the
+    workers started (infra/spark.sh's pid files); the executors' Python workers are their children.
+    The master and worker daemons are left out: they hold no data of an epoch."""
+    import psutil
+
+    folder = Path(os.environ.get("ONCEFLOW_SPARK_DATA") or settings.home / "spark")
+
+    def pid(name: str) -> int | None:
+        try:
+            return int((folder / f"{name}.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    found = [p for p in (pid("connect"),) if p is not None]
+    for worker in (pid("worker-1"), pid("worker-2")):
+        try:
+            found += [child.pid for child in psutil.Process(worker or -1).children()]
+        except (psutil.Error, ValueError):
+            continue
+    return tuple(found)
+
+
+def run_to_end(spec: Pipeline, settings: Settings, records: int, remote: str | None = None) -> PipelineRun:
+    """Run epochs until the ledger's committed positions cover ``records`` offsets of the source:
+    through spark-submit, or on the Spark Connect server ``remote``."""
     os.environ[SPEC_ENV] = spec.to_json()  # spark-submit inherits it and rebuilds the same spec
     committers = {name: TimedCommitter(c) for name, c in committers_for(spec).items()}
     ledger = Ledger.connect(settings.ledger_url)
@@ -127,7 +155,7 @@ def run_to_end(spec: Pipeline, settings: Settings, records: int) -> PipelineRun:
     started = time.perf_counter()
     try:
         while _committed(ledger.committed_offsets(spec.name)) < records:
-            run.epochs.append(_epoch(spec, settings, ledger, committers))
+            run.epochs.append(_epoch(spec, settings, ledger, committers, remote))
         run.wall_s = time.perf_counter() - started
         run.committed_rows = sum(
             p.committable.record_count
@@ -146,7 +174,11 @@ def _committed(offsets: Mapping[tuple[str, int], int]) -> int:
 
 
 def _epoch(
-    spec: Pipeline, settings: Settings, ledger: Ledger, committers: Mapping[str, TimedCommitter]
+    spec: Pipeline,
+    settings: Settings,
+    ledger: Ledger,
+    committers: Mapping[str, TimedCommitter],
+    remote: str | None,
 ) -> EpochTiming:
     coordinator = Coordinator(ledger, spec.name, committers, spec=spec, settings=settings)
     t0 = time.perf_counter()
@@ -155,12 +187,18 @@ def _epoch(
     planned = coordinator.plan(run_id=f"bench__{time.time_ns()}")
     assert planned.epoch is not None and planned.attempt_token is not None
     t2 = time.perf_counter()
-    sampler = TreeSampler(os.getpid()).start()
+    also = (os.getpid(), *runtime_pids(settings)) if remote else ()
+    sampler = TreeSampler(os.getpid(), also).start()
     try:
-        for number in planned.slices_with_tasks:
+        if remote:
+            sessions = connect_sessions(remote, pipeline_modules(spec, SPEC_PATH), planned.attempt_token)
+            for number in planned.slices_with_tasks:
+                run_slice(spec, planned.epoch, number, planned.attempt_token, settings, session=sessions)
+        for number in planned.slices_with_tasks if not remote else ():
             result = submit_slice(SPEC_PATH, planned.epoch, number, planned.attempt_token, settings)
             if result.returncode != 0:
-                raise SliceFailed(f"epoch {planned.epoch} slice {number}: {result.stderr[-3000:]}")
+                cause = cause_in_output(result.stdout + "\n" + result.stderr)
+                raise SliceFailed(f"epoch {planned.epoch} slice {number} exited {result.returncode}: {cause}")
     finally:
         memory = sampler.stop()
     t3 = time.perf_counter()

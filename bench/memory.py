@@ -57,6 +57,9 @@ class TreeSampler:
     """
 
     pid: int
+    # Processes sampled with their descendants, themselves included: the warm Spark runtime's (its
+    # Connect server, its workers and their executors) and, as the slice's driver, this process.
+    also: tuple[int, ...] = ()
     peak: TreePeak = field(default_factory=TreePeak)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -87,6 +90,12 @@ class TreeSampler:
             processes = root.children(recursive=True)
         except psutil.Error:
             return
+        for pid in self.also:
+            try:
+                other = psutil.Process(pid)
+                processes += [other, *other.children(recursive=True)]
+            except psutil.Error:
+                continue
         for process in processes:
             try:
                 parts[_kind(process)] += process.memory_info().rss

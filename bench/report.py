@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,28 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     "not measured at 10^7",
                 )
             )
+    if "1000000" in tp and "files" in tp["1000000"][0]:
+        for peer, key in (("Spark Structured Streaming", "files_vs_sss"), ("quix-streams", "files_vs_quix")):
+            values = [ratios(r)[key] for r in tp["1000000"] if not math.isnan(ratios(r)[key])]
+            if values:
+                m = median(values)
+                rows.append(
+                    (
+                        f"pipeline ≥ 1.2× {peer} at 10^6 records",
+                        f"{m:.3f}× ({spread(values)})",
+                        "met" if m >= 1.2 else "MISSED",
+                    )
+                )
+    latency = results.get("latency")
+    if latency and latency.get("connect"):
+        m = median(e["total_s"] for e in _latency_epochs(latency["connect"]))
+        rows.append(
+            (
+                "epoch of 1,000 records, plan → commit, warm runtime: median ≤ 3 s",
+                f"{m:.2f} s",
+                "met" if m <= 3 else "MISSED",
+            )
+        )
     for backend in results.get("overhead", {}).get("ledgers", {}):
         m = median(epoch_steps(results, backend)["coordination_s"])
         rows.append(
@@ -167,6 +190,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _commit_section(results)
     lines += _protocol_section(results)
     lines += _overhead_section(results)
+    lines += _latency_section(results)
     lines += _memory_section(results)
     lines += ["", "![plots](report.png)", ""]
     return "\n".join(lines)
@@ -387,13 +411,62 @@ def _overhead_section(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _latency_epochs(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each epoch with its plan → commit total; the first is left out when there are several (it opens
+    the session and ships the pipeline's modules, which later epochs reuse)."""
+    steps = ("plan_s", "spark_s", "decide_s", "commit_s")
+    out = [{**e, "total_s": sum(e[k] for k in steps)} for e in epochs]
+    return out[1:] if len(out) > 1 else out
+
+
+def _latency_section(results: dict[str, Any]) -> list[str]:
+    latency = results.get("latency")
+    if not latency:
+        return []
+    runtimes = [r for r in ("connect", "submit") if latency.get(r)]
+    labels = {"connect": f"warm runtime ({latency.get('remote')})", "submit": "spark-submit per slice"}
+    lines = [
+        f"## Latency of an epoch of {latency['records_per_epoch']:,} records (s, plan → commit)",
+        "",
+        "Epochs into Parquet files one after another, on each runtime in turn, in one run; the median "
+        "(min–max) of the epochs after the first (the first opens the session). Process is every slice "
+        "of the epoch; decide is the ledger's decision; commit the sink's.",
+        "",
+        "| runtime | plan | process | decide | commit | total |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for runtime in runtimes:
+        epochs = _latency_epochs(latency[runtime])
+
+        def cell(key: str, epochs: list[dict[str, Any]] = epochs) -> str:
+            values = [e[key] for e in epochs]
+            return f"{_fmt(median(values))} ({spread(values)})"
+
+        lines.append(
+            f"| {labels[runtime]} | {cell('plan_s')} | {cell('spark_s')} | {cell('decide_s')} | "
+            f"{cell('commit_s')} | {cell('total_s')} |"
+        )
+    idle = latency.get("idle_runtime")
+    if idle:
+        lines += [
+            "",
+            f"The warm runtime while idle holds {idle['total_mb']:.0f} MB resident: {idle['jvm_mb']:.0f} MB "
+            f"of JVMs (the Connect server and the executors) and {idle['python_workers_mb']:.0f} MB of "
+            "idle Python workers (the master and worker daemons, about 200 MB each, are not counted).",
+        ]
+    return [*lines, ""]
+
+
 def _memory_section(results: dict[str, Any]) -> list[str]:
     tp = results.get("throughput", {})
     lines = [
         "## Peak memory (MB, resident)",
         "",
-        "Sampled every 0.1 s over the spark-submit's process tree: the JVM (driver and, in local mode, the "
-        "executors), the executors' Python workers and the driver's Python process; the peak of their sum.",
+        "Sampled every 0.1 s: through spark-submit, over its process tree (the JVM is the driver and, in "
+        "local mode, the executors); on the warm runtime, over the Connect server, the executors and the "
+        "slice's driver (the bench process). JVMs, the executors' Python workers and the driver's Python "
+        "process; the peak of their sum. Runtime of this report: "
+        f"{results['meta'].get('runtime', 'spark-submit')}.",
         "",
         "| run | epoch records | total | JVM | Python workers | driver Python |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -496,7 +569,19 @@ def write(results: dict[str, Any], out: Path) -> None:
         plot(results, out / "report.png")
     except ImportError:
         text = text.replace("![plots](report.png)", "(no plot: install the `bench` extra for matplotlib)")
-    (out / "report.md").write_text(text)
+    path = out / "report.md"
+    (out / "report.md").write_text(text + kept_sections(path.read_text() if path.exists() else "", text))
+
+
+# Sections that other bench scripts write into report.md between <!-- name --> and <!-- /name -->
+# markers (bench/iceberg_bench.py): a new report keeps them.
+_SECTION = re.compile(r"^<!-- ([a-z0-9-]+) -->\n.*?^<!-- /\1 -->\n?", re.MULTILINE | re.DOTALL)
+
+
+def kept_sections(previous: str, new: str) -> str:
+    """The marked sections of the previous report that the new one does not have."""
+    kept = [m.group(0) for m in _SECTION.finditer(previous) if f"<!-- {m.group(1)} -->" not in new]
+    return "".join("\n" + section.rstrip("\n") + "\n" for section in kept)
 
 
 def main() -> None:

@@ -3,6 +3,8 @@
 Steps:
 1. spark-submit start-up, with a job that does nothing;
 2. the fixed cost of an epoch by step, with an SQLite and a PostgreSQL ledger (small epochs);
+2b. the latency of an epoch of 1,000 records, plan to commit, on the warm Spark runtime and through
+   spark-submit, side by side, and what the warm runtime holds in memory while idle;
 3. commit time against epoch size for each two-phase sink (no Spark);
 4. per data-set size, ``--runs`` rounds of: the plain consumer's read rate (the limit), onceflow
    exactly-once to Parquet files, exactly-once to PostgreSQL (2PC), at-least-once to PostgreSQL (plain),
@@ -10,7 +12,9 @@ Steps:
 5. peak memory of epochs of a fixed batch on the largest data set;
 6. the report.
 
-Needs the stack's services (``eval "$(make -s services)"``). Writes only under ``--workdir`` (deleted
+Pipelines run on the warm Spark runtime when ``ONCEFLOW_SPARK_REMOTE`` is set (``make services`` sets
+it), through spark-submit otherwise; the report says which. Needs the stack's services
+(``eval "$(make -s services)"``). Writes only under ``--workdir`` (deleted
 afterwards), to uniquely named topics, tables and databases (dropped afterwards), and to ``--out``.
 """
 
@@ -31,11 +35,12 @@ from typing import Any
 
 from bench import commit_cost, report
 from bench.dataset import PARTITIONS, RECORD_BYTES, Dataset, create_topic, delete_topics, kept, produce
-from bench.epochs import PipelineRun, run_to_end
+from bench.epochs import PipelineRun, run_to_end, runtime_pids
 from bench.ledgers import postgres_ledger, sqlite_ledger
 from bench.limit import read_all
 from bench.pipelines import bench_pipeline
 from onceflow.config import Settings
+from onceflow.engine.connect import spark_remote
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SIZES = (100_000, 1_000_000)
@@ -61,6 +66,7 @@ class Bench:
         self.runs = runs
         self.results: dict[str, Any] = {}
         self.merge_into: dict[str, Any] | None = None  # --merge: earlier results that new ones update
+        self.remote = spark_remote()  # the warm runtime's Spark Connect server, or None: spark-submit
 
     def record(self, key: str, value: Any) -> None:
         """Store a step's results; with --merge, update the earlier ones size by size."""
@@ -92,6 +98,31 @@ class Bench:
         finally:
             delete_topics(self.settings.kafka_bootstrap, [data.topic])
         self.record("overhead", {"records_per_epoch": per_epoch, "ledgers": out})
+
+    # 2b.
+    def latency(self, epochs: int = 10) -> None:
+        """Epochs of 1,000 records into Parquet files, plan to commit, on each runtime in turn; then
+        the warm runtime's resident memory with no epoch running."""
+        from bench.memory import TreeSampler
+
+        if self.remote is None:
+            say("latency: no warm runtime (ONCEFLOW_SPARK_REMOTE is not set); skipped")
+            return
+        per_epoch = 1000
+        out: dict[str, Any] = {"records_per_epoch": per_epoch, "remote": self.remote}
+        for runtime, remote in (("connect", self.remote), ("submit", None)):
+            data = produce(self.settings.kafka_bootstrap, per_epoch * epochs, f"bench-latency-{runtime}")
+            try:
+                run = self._pipeline("files", data, self.settings, per_epoch // PARTITIONS, remote=remote)
+            finally:
+                delete_topics(self.settings.kafka_bootstrap, [data.topic])
+            out[runtime] = run.to_dict()["epochs"]
+            say(f"latency on {runtime}: {[round(e.total_s, 2) for e in run.epochs]}")
+        time.sleep(5)  # let the last epoch's tasks end before sampling the idle runtime
+        idle = TreeSampler(os.getpid(), runtime_pids(self.settings)).start()
+        time.sleep(3)
+        out["idle_runtime"] = dataclasses.asdict(idle.stop())
+        self.record("latency", out)
 
     # 3.
     def commit_cost(self, sizes: tuple[int, ...]) -> None:
@@ -214,13 +245,16 @@ class Bench:
         batch_per_partition: int,
         *,
         stop_after: int | None = None,
+        remote: str | bool | None = True,
     ) -> PipelineRun:
+        """``remote``: True for the bench's runtime (the warm one when set), else the server or None."""
         from bench import sinks_check
 
         name = f"bench-{config.replace('_', '')}-{uuid.uuid4().hex[:8]}"
         spec = bench_pipeline(config, name, data.topic, self.workdir, batch_per_partition=batch_per_partition)
         records = min(stop_after or data.records, data.records)
-        run = run_to_end(spec, settings, records)
+        server = self.remote if remote is True else (remote or None)
+        run = run_to_end(spec, settings, records, server)
         try:
             if stop_after is None:
                 expected = kept(data.records)
@@ -275,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp one)")
     parser.add_argument(
         "--steps",
-        help="comma-separated subset of: startup,overhead,commit,protocol,throughput,memory (default: all)",
+        help="comma-separated subset of: startup,overhead,latency,commit,protocol,throughput,memory "
+        "(default: all)",
     )
     parser.add_argument(
         "--merge", action="store_true", help="update --out/report.json with these steps' results"
@@ -319,11 +354,13 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "load_before": load_average(),
         "smoke": args.smoke,
+        "runtime": f"Spark Connect ({bench.remote})" if bench.remote else "spark-submit",
     }
     protocol_sizes = (1_000,) if args.smoke else tuple(s for s in commit_sizes if s >= 100_000)
     all_steps: dict[str, Callable[[], None]] = {
         "startup": bench.spark_startup,
         "overhead": bench.epoch_overhead,
+        "latency": bench.latency,
         "commit": lambda: bench.commit_cost(commit_sizes),
         "protocol": lambda: bench.sink_protocol(protocol_sizes),
         "throughput": lambda: bench.throughput(sizes, pg_sizes, peer_sizes),
