@@ -8,8 +8,6 @@ interval (reprocess behaviour ``completed``) must change nothing and say so in t
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -23,7 +21,7 @@ from examples.orders.data import make_orders, produce
 from local_stack.local_airflow import migrate
 
 from onceflow.ledger import EpochStatus, Ledger
-from tests.integration.airflow.helpers import airflow
+from tests.integration.airflow.helpers import airflow, stop_process_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -71,14 +69,7 @@ def scheduler_env(orders_stack, tmp_path: Path) -> Iterator[dict[str, str]]:
     try:
         yield env
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_process_groups(procs)
 
 
 def _runs(env: dict[str, str]) -> tuple[dict[str, str], int]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from onceflow.config import Settings
 from onceflow.coordinator import Coordinator
 from onceflow.decisions import abort_refusal
 from onceflow.ledger import EpochStatus, Ledger
+from tests.integration.airflow.helpers import stop_process_groups
 from tests.integration.engine.data import produce
 
 pytestmark = pytest.mark.integration
@@ -162,12 +162,7 @@ def console(
             yield Console(url, pipeline, dag_id, topic, ours["ONCEFLOW_LEDGER_URL"], run_ids)
         finally:
             if server is not None and server.poll() is None:
-                os.killpg(server.pid, signal.SIGTERM)
-                try:
-                    server.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(server.pid, signal.SIGKILL)
-                    server.wait()
+                stop_process_groups([server])
             kafka_admin.delete_topics([topic])
             shutil.rmtree(tmp / "files", ignore_errors=True)
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -25,6 +23,7 @@ from local_stack.local_airflow import migrate
 
 from onceflow.ledger import EpochStatus, Ledger
 from tests.conftest import ROOT
+from tests.integration.airflow.helpers import stop_process_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -82,15 +81,7 @@ def clicks(airflow_env, make_topic, pg_database, tmp_path: Path) -> Iterator[dic
     try:
         yield {**env, "topic": topic, "pipeline": topic, "table": topic.replace("-", "_")}
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_process_groups(procs)
 
 
 def _produce(bootstrap: str, topic: str, first: int, count: int) -> list[int]:
