@@ -67,6 +67,7 @@ class Bench:
         self.results: dict[str, Any] = {}
         self.merge_into: dict[str, Any] | None = None  # --merge: earlier results that new ones update
         self.remote = spark_remote()  # the warm runtime's Spark Connect server, or None: spark-submit
+        self.runtime = f"Spark Connect ({self.remote})" if self.remote else "spark-submit, one per slice"
 
     def record(self, key: str, value: Any) -> None:
         """Store a step's results; with --merge, update the earlier ones size by size."""
@@ -179,7 +180,7 @@ class Bench:
             rounds = []
             try:
                 for n in range(self.runs):
-                    entry: dict[str, Any] = {"load_before": load_average()}
+                    entry: dict[str, Any] = {"load_before": load_average(), "runtime": self.runtime}
                     limit = read_all(self.settings.kafka_bootstrap, data)
                     entry["limit"] = {"records_per_s": limit.records_per_s, "mb_per_s": limit.mb_per_s}
                     for config in PIPELINE_CONFIGS:
@@ -231,6 +232,7 @@ class Bench:
         finally:
             delete_topics(self.settings.kafka_bootstrap, [data.topic])
         self.results["memory_bounded"] = {  # replaced whole: its epochs belong to one run
+            "runtime": self.runtime,
             "topic_records": data.records,
             "batch_records": batch,
             **run.to_dict(),
@@ -354,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "load_before": load_average(),
         "smoke": args.smoke,
-        "runtime": f"Spark Connect ({bench.remote})" if bench.remote else "spark-submit",
+        "runtime": bench.runtime,
     }
     protocol_sizes = (1_000,) if args.smoke else tuple(s for s in commit_sizes if s >= 100_000)
     all_steps: dict[str, Callable[[], None]] = {
