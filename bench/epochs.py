@@ -128,7 +128,9 @@ def runtime_pids(settings: Settings) -> tuple[int, ...]:
     The master and worker daemons are left out: they hold no data of an epoch."""
     import psutil
 
-    folder = Path(os.environ.get("ONCEFLOW_SPARK_DATA") or settings.home / "spark")
+    # The runtime's own home (the bench points settings.home at its scratch folder).
+    home = Path(os.environ.get("ONCEFLOW_HOME") or settings.home)
+    folder = Path(os.environ.get("ONCEFLOW_SPARK_DATA") or home / "spark")
 
     def pid(name: str) -> int | None:
         try:
