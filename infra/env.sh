@@ -11,7 +11,17 @@ export ONCEFLOW_KAFKA_PORT="${ONCEFLOW_KAFKA_PORT:-19092}"
 export ONCEFLOW_KAFKA_CONTROLLER_PORT="${ONCEFLOW_KAFKA_CONTROLLER_PORT:-19093}"
 export ONCEFLOW_KAFKA_DATA="${ONCEFLOW_KAFKA_DATA:-$ONCEFLOW_HOME/kafka}"
 export ONCEFLOW_KAFKA_HEAP="${ONCEFLOW_KAFKA_HEAP:-768m}"
-export ONCEFLOW_KAFKA_BOOTSTRAP="${ONCEFLOW_KAFKA_BOOTSTRAP:-$ONCEFLOW_KAFKA_HOST:$ONCEFLOW_KAFKA_PORT}"
+# Brokers of the local cluster: 1 (one combined broker+controller, the default) or 3 to 9 combined
+# broker+controller processes; broker n listens on ONCEFLOW_KAFKA_PORT + 2(n-1), its controller on
+# ONCEFLOW_KAFKA_CONTROLLER_PORT + 2(n-1).
+export ONCEFLOW_KAFKA_BROKERS="${ONCEFLOW_KAFKA_BROKERS:-1}"
+onceflow_kafka_port() { printf '%s' $(($2 + 2 * ($1 - 1))); }
+_onceflow_bootstrap="$ONCEFLOW_KAFKA_HOST:$ONCEFLOW_KAFKA_PORT"
+for ((_onceflow_n = 2; _onceflow_n <= ONCEFLOW_KAFKA_BROKERS; _onceflow_n++)); do
+  _onceflow_bootstrap+=",$ONCEFLOW_KAFKA_HOST:$(onceflow_kafka_port "$_onceflow_n" "$ONCEFLOW_KAFKA_PORT")"
+done
+export ONCEFLOW_KAFKA_BOOTSTRAP="${ONCEFLOW_KAFKA_BOOTSTRAP:-$_onceflow_bootstrap}"
+unset _onceflow_bootstrap _onceflow_n
 
 export ONCEFLOW_PG_HOST="${ONCEFLOW_PG_HOST:-127.0.0.1}"
 export ONCEFLOW_PG_PORT="${ONCEFLOW_PG_PORT:-15432}"
@@ -101,3 +111,10 @@ export ONCEFLOW_SPARK_EXECUTOR_MEMORY="${ONCEFLOW_SPARK_EXECUTOR_MEMORY:-768m}"
 export ONCEFLOW_SPARK_DRIVER_MEMORY="${ONCEFLOW_SPARK_DRIVER_MEMORY:-1g}"
 # How long the Connect server keeps running a query whose client went away (killed) before interrupting it.
 export ONCEFLOW_SPARK_DETACHED_TIMEOUT="${ONCEFLOW_SPARK_DETACHED_TIMEOUT:-30s}"
+# The address each worker binds to, in order (default: all on ONCEFLOW_SPARK_HOST). Distinct loopback
+# addresses ("127.0.0.2 127.0.0.3") make them distinct hosts to Spark's scheduler, as speculation needs:
+# it never runs a second attempt of a task on the host of the first.
+export ONCEFLOW_SPARK_WORKER_HOSTS="${ONCEFLOW_SPARK_WORKER_HOSTS:-$ONCEFLOW_SPARK_HOST $ONCEFLOW_SPARK_HOST}"
+# More settings for the Connect server's application, as space-separated key=value pairs, e.g.
+# "spark.speculation=true spark.speculation.multiplier=2"; they win over infra/spark/connect-server.conf.
+export ONCEFLOW_SPARK_CONF="${ONCEFLOW_SPARK_CONF:-}"

@@ -14,6 +14,9 @@ set -euo pipefail
 RUN="$ONCEFLOW_SPARK_DATA"
 REMOTE="sc://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_CONNECT_PORT"
 MASTER_URL="spark://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_MASTER_PORT"
+read -r -a WORKER_HOSTS <<< "$ONCEFLOW_SPARK_WORKER_HOSTS"
+[ "${#WORKER_HOSTS[@]}" -eq 2 ] || onceflow_die \
+  "ONCEFLOW_SPARK_WORKER_HOSTS must name one address per worker (2), not '$ONCEFLOW_SPARK_WORKER_HOSTS'"
 WORKERS=(1 2)
 
 [ -x "$ONCEFLOW_SPARK_PYTHON" ] || onceflow_die \
@@ -120,13 +123,14 @@ start_master() {
 }
 
 start_worker() {
-  local n=$1
-  alive "worker-$n" || onceflow_say "starting Spark worker $n ($ONCEFLOW_SPARK_WORKER_CORES cores, $ONCEFLOW_SPARK_WORKER_MEMORY)"
+  local n=$1 host=${WORKER_HOSTS[$(($1 - 1))]}
+  alive "worker-$n" || onceflow_say "starting Spark worker $n on $host ($ONCEFLOW_SPARK_WORKER_CORES cores, $ONCEFLOW_SPARK_WORKER_MEMORY)"
   mkdir -p "$RUN/work-$n"
-  SPARK_DAEMON_MEMORY="$ONCEFLOW_SPARK_DAEMON_MEMORY" \
+  # The worker and the executors it starts bind to its own address.
+  SPARK_LOCAL_IP="$host" SPARK_DAEMON_MEMORY="$ONCEFLOW_SPARK_DAEMON_MEMORY" \
     SPARK_WORKER_OPTS="-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.appDataTtl=86400" \
     launch "worker-$n" "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
-    --host "$ONCEFLOW_SPARK_HOST" --cores "$ONCEFLOW_SPARK_WORKER_CORES" --memory "$ONCEFLOW_SPARK_WORKER_MEMORY" \
+    --host "$host" --cores "$ONCEFLOW_SPARK_WORKER_CORES" --memory "$ONCEFLOW_SPARK_WORKER_MEMORY" \
     --webui-port $((ONCEFLOW_SPARK_MASTER_UI_PORT + n)) --work-dir "$RUN/work-$n" "$MASTER_URL"
 }
 
@@ -135,8 +139,12 @@ start_connect() {
     onceflow_die "port $ONCEFLOW_SPARK_CONNECT_PORT is taken by another process; set ONCEFLOW_SPARK_CONNECT_PORT"
   fi
   alive connect || onceflow_say "starting the Spark Connect server on $REMOTE (UI on http://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_UI_PORT)"
-  local jar_list
+  local jar_list setting extra=()
   jar_list=$(compgen -G "$LIBS/*.jar" | paste -sd, -)
+  for setting in $ONCEFLOW_SPARK_CONF; do
+    [[ $setting == spark.*=* ]] || onceflow_die "ONCEFLOW_SPARK_CONF: '$setting' is not a spark.key=value pair"
+    extra+=(--conf "$setting")
+  done
   # Slices set their own SQL settings per session; the cluster-wide ones are in infra/spark/connect-server.conf
   # (docker-compose.yml runs its server with the same file). spark-submit sizes this server's heap from
   # SPARK_DAEMON_MEMORY, as for the other daemons.
@@ -150,7 +158,8 @@ start_connect() {
     --conf "spark.connect.grpc.binding.address=$ONCEFLOW_SPARK_HOST" \
     --conf "spark.connect.grpc.binding.port=$ONCEFLOW_SPARK_CONNECT_PORT" \
     --conf "spark.ui.port=$ONCEFLOW_SPARK_UI_PORT" \
-    --conf "spark.connect.execute.manager.detachedTimeout=$ONCEFLOW_SPARK_DETACHED_TIMEOUT"
+    --conf "spark.connect.execute.manager.detachedTimeout=$ONCEFLOW_SPARK_DETACHED_TIMEOUT" \
+    ${extra[@]+"${extra[@]}"}
 }
 
 remote_line() { printf 'ONCEFLOW_SPARK_REMOTE=%q\n' "$REMOTE"; }

@@ -136,3 +136,12 @@ def slow_pipeline() -> Pipeline:
 
 
 SLOW = slow_pipeline()
+
+
+def speculative_pipeline() -> Pipeline:
+    """The orders pipeline in one slice of six tasks per sink: for speculation on the cluster."""
+    orders = orders_pipeline()
+    return replace(orders, name=f"{orders.name}-spec", slices=1, max_records_per_task=10)
+
+
+SPECULATIVE = speculative_pipeline()
