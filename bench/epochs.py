@@ -12,8 +12,9 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from local_stack.spark_runtime import SparkRuntime
 
 from bench.memory import TreePeak, TreeSampler
 from bench.pipelines import SPEC_ENV, SPEC_PATH
@@ -122,29 +123,13 @@ class SliceFailed(RuntimeError):
     """A spark-submit of the benchmark exited non-zero (the epoch is left for the next recover)."""
 
 
-def runtime_pids(settings: Settings) -> tuple[int, ...]:
+def runtime_pids() -> tuple[int, ...]:
     """The warm Spark runtime's driver and executors: its Connect server and the executors that the
-    workers started (infra/spark.sh's pid files); the executors' Python workers are their children.
-    The master and worker daemons are left out: they hold no data of an epoch."""
-    import psutil
-
-    # The runtime's own home (the bench points settings.home at its scratch folder).
-    home = Path(os.environ.get("ONCEFLOW_HOME") or settings.home)
-    folder = Path(os.environ.get("ONCEFLOW_SPARK_DATA") or home / "spark")
-
-    def pid(name: str) -> int | None:
-        try:
-            return int((folder / f"{name}.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    found = [p for p in (pid("connect"),) if p is not None]
-    for worker in (pid("worker-1"), pid("worker-2")):
-        try:
-            found += [child.pid for child in psutil.Process(worker or -1).children()]
-        except (psutil.Error, ValueError):
-            continue
-    return tuple(found)
+    workers started; the executors' Python workers are their children. The master and worker daemons
+    are left out: they hold no data of an epoch."""
+    runtime = SparkRuntime.from_env()
+    server = runtime.pid("connect")
+    return (*(() if server is None else (server,)), *runtime.executor_pids())
 
 
 def run_to_end(spec: Pipeline, settings: Settings, records: int, remote: str | None = None) -> PipelineRun:
@@ -189,7 +174,7 @@ def _epoch(
     planned = coordinator.plan(run_id=f"bench__{time.time_ns()}")
     assert planned.epoch is not None and planned.attempt_token is not None
     t2 = time.perf_counter()
-    also = (os.getpid(), *runtime_pids(settings)) if remote else ()
+    also = (os.getpid(), *runtime_pids()) if remote else ()
     sampler = TreeSampler(os.getpid(), also).start()
     try:
         if remote:

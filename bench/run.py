@@ -120,7 +120,7 @@ class Bench:
             out[runtime] = run.to_dict()["epochs"]
             say(f"latency on {runtime}: {[round(e.total_s, 2) for e in run.epochs]}")
         time.sleep(5)  # let the last epoch's tasks end before sampling the idle runtime
-        idle = TreeSampler(os.getpid(), runtime_pids(self.settings)).start()
+        idle = TreeSampler(os.getpid(), runtime_pids()).start()
         time.sleep(3)
         out["idle_runtime"] = dataclasses.asdict(idle.stop())
         self.record("latency", out)

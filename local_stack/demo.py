@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from local_stack.local_airflow import EXAMPLES_ENV, airflow_environment, migrate, run_airflow
+from local_stack.spark_runtime import SparkRuntime
 from onceflow.config import Settings
 from onceflow.engine.connect import spark_remote
 from onceflow.errors import OnceflowError
@@ -104,20 +105,8 @@ def _kill_slice_driver(slice_number: int, stop: threading.Event) -> list[str]:
 def _kill_connect_server(settings: Settings, pipeline: str, stop: threading.Event) -> list[str]:
     """Once the run's epoch is planned and the Spark Connect server runs one of its jobs (or 5 s after
     the plan, whichever comes first), SIGKILL the server: the slice's queries die with it."""
-    import urllib.request
-
     killed: list[str] = []
-    pidfile = Path(os.environ.get("ONCEFLOW_SPARK_DATA") or settings.home / "spark") / "connect.pid"
-    ui = f"http://127.0.0.1:{os.environ.get('ONCEFLOW_SPARK_UI_PORT', '14040')}/api/v1/applications"
-
-    def running_jobs() -> int:
-        try:
-            with urllib.request.urlopen(ui, timeout=2) as answer:
-                app = json.load(answer)[0]["id"]
-            with urllib.request.urlopen(f"{ui}/{app}/jobs?status=running", timeout=2) as answer:
-                return len(json.load(answer))
-        except (OSError, ValueError, LookupError):
-            return 0
+    runtime = SparkRuntime.from_env()
 
     def hunt() -> None:
         planned_at = None
@@ -127,8 +116,11 @@ def _kill_connect_server(settings: Settings, pipeline: str, stop: threading.Even
                     epoch = ledger.open_epoch(pipeline)
                 if epoch is not None:
                     planned_at = time.monotonic()
-            elif running_jobs() or time.monotonic() - planned_at > 5:
-                pid = int(pidfile.read_text().split()[0])
+            elif runtime.running_jobs() or time.monotonic() - planned_at > 5:
+                pid = runtime.pid("connect")
+                if pid is None:
+                    _say("no pid file of the Spark Connect server: no fault in this run")
+                    return
                 os.kill(pid, signal.SIGKILL)
                 killed.append(f"epoch {epoch.number} (the Spark Connect server, pid {pid})")
                 _say(f"SIGKILL sent to the Spark Connect server mid-epoch {epoch.number} (pid {pid})")
@@ -139,11 +131,9 @@ def _kill_connect_server(settings: Settings, pipeline: str, stop: threading.Even
     return killed
 
 
-def _restart_spark_runtime(root: Path) -> None:
+def _restart_spark_runtime() -> None:
     _say("restarting the Spark Connect server: infra/spark.sh start")
-    import subprocess
-
-    subprocess.run([str(root / "infra" / "spark.sh"), "start"], check=True, stdout=subprocess.DEVNULL)
+    SparkRuntime.from_env().start()
 
 
 def _watch_epoch(settings: Settings, pipeline: str, label: str, stop: threading.Event) -> None:
@@ -254,7 +244,7 @@ def main() -> int:
         stop.set()
         faults += killed
         if killed and remote:
-            _restart_spark_runtime(root)
+            _restart_spark_runtime()
         with Ledger.connect(settings.ledger_url) as ledger:
             last = ledger.epochs(orders.NAME, last=1)
         outcome = str(last[0].status) if last else "nothing planned"

@@ -14,17 +14,15 @@ transaction rolled back by the commit, no staged file left, and recover finding 
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator, committers_for
@@ -38,7 +36,6 @@ from tests.integration.engine.data import delivered_ids, orders, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[3]
 SPECULATIVE = "tests.integration.engine.pipelines:SPECULATIVE"
 POINT = "task_after_precommit"
 # Speculate a task once half of its stage finished and it ran twice as long as their median (at
@@ -85,9 +82,11 @@ def _consecutive_free_ports(count: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A speculating cluster on two loopback hosts, its processes armed with the pause point."""
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SparkRuntime, str, Path]]:
+    """A speculating cluster on two loopback hosts, its processes armed with the pause point: the
+    runtime, its remote and the pause folder."""
     home = tmp_path_factory.mktemp("speculation")
+    pause = home / "pause"
     connect, master, ui = _free_ports(3)
     env = {
         **os.environ,
@@ -99,37 +98,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         "ONCEFLOW_SPARK_WORKER_HOSTS": "127.0.0.2 127.0.0.3",
         "ONCEFLOW_SPARK_CONF": SPECULATION,
         PAUSE_AT_ENV: POINT,
-        PAUSE_DIR_ENV: str(home / "pause"),
+        PAUSE_DIR_ENV: str(pause),
     }
-    script = str(ROOT / "infra" / "spark.sh")
-    started = subprocess.run([script, "start"], env=env, capture_output=True, text=True)
+    runtime = SparkRuntime.from_env(env)
     try:
-        assert started.returncode == 0, started.stderr[-3000:]
-        remote = started.stdout.strip().splitlines()[-1].split("=", 1)[1]
-        yield {
-            "remote": remote,
-            "pause": env[PAUSE_DIR_ENV],
-            "api": f"http://127.0.0.1:{ui}/api/v1/applications",
-        }
+        remote = runtime.start()
+        yield runtime, remote, pause
+        forget_session(remote, release=False)
     finally:
-        (home / "pause").mkdir(exist_ok=True)
-        (home / "pause" / f"resume-{POINT}").touch()  # a paused attempt still alive ends its wait
-        if started.returncode == 0:
-            forget_session(remote, release=False)
-        subprocess.run([script, "stop", "--kill"], env=env, capture_output=True, text=True)
-
-
-def _tasks(api: str) -> list[dict]:  # type: ignore[type-arg]
-    """Every task attempt of the cluster's application, from Spark's REST API."""
-    with urllib.request.urlopen(api, timeout=5) as answer:
-        app = json.load(answer)[0]["id"]
-    with urllib.request.urlopen(f"{api}/{app}/stages?details=true", timeout=10) as answer:
-        stages = json.load(answer)
-    return [
-        {**task, "stageId": stage["stageId"]}
-        for stage in stages
-        for task in (stage.get("tasks") or {}).values()
-    ]
+        pause.mkdir(exist_ok=True)
+        (pause / f"resume-{POINT}").touch()  # a paused attempt still alive ends its wait
+        runtime.stop(kill=True)
 
 
 def _attempt(task: dict) -> str:  # type: ignore[type-arg]
@@ -149,6 +128,7 @@ def test_two_attempts_of_a_speculated_task_precommit_and_exactly_one_wins(
 ) -> None:
     data = orders(0, 60)
     produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], data)
+    runtime, remote, pause = cluster
     spec = load_pipeline(SPECULATIVE)
     seen: set[GidParts] = set()
     done = threading.Event()
@@ -162,18 +142,16 @@ def test_two_attempts_of_a_speculated_task_precommit_and_exactly_one_wins(
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        outcome = run_epoch(
-            SPECULATIVE, Settings.from_env(), executor="connect", spark_remote_url=cluster["remote"]
-        )
+        outcome = run_epoch(SPECULATIVE, Settings.from_env(), executor="connect", spark_remote_url=remote)
     finally:
         done.set()
         watcher.join(10)
-    assert Path(cluster["pause"], f"paused-{POINT}").exists(), "no write task reached the pause point"
+    assert (pause / f"paused-{POINT}").exists(), "no write task reached the pause point"
     assert outcome.epoch.status is EpochStatus.COMMITTED
 
     # Spark ran a speculative copy of the slow task on the other host; the copy won, the slow attempt
     # was killed. Both pre-committed: each prepared its own transaction for the same participant.
-    tasks = _tasks(cluster["api"])
+    tasks = runtime.task_attempts()
     prepared_attempts = {p.attempt for p in seen if p.sink == "orders_pg"}
     pairs = [
         (copy, slow)
