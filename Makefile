@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench local_stack)
 
-.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults bench clean
+.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults bench bench-coordination clean
 
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
@@ -22,6 +22,7 @@ help:
 	@echo "make lint           ruff and mypy"
 	@echo "make faults         a long seeded fault run (N=200 SEED=7 EXECUTOR=local|submit); tests/faults/out/"
 	@echo "make bench          benchmarks -> bench/report.md (BENCH_ARGS=\"--full\" adds 10^7 records)"
+	@echo "make bench-coordination  ledger + coordinator at 1,000 partitions / 512 participants, 100 pipelines"
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo "[onceflow] creating virtualenv $(VENV) with $(PYTHON) and installing pinned dependencies (constraints.txt)" >&2
@@ -97,6 +98,11 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP) jars
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" nice -n 10 $(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# Coordination at scale (ledger and coordinator, no-op committers) -> its section of bench/report.md.
+bench-coordination: $(STAMP)
+	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
+	  nice -n 10 $(BIN)/python -m bench.coordination --report bench/report.md $(BENCH_ARGS)
 
 clean: services-stop
 	rm -rf .onceflow

@@ -20,6 +20,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from onceflow import dead_letters, topics
@@ -28,7 +29,7 @@ from onceflow.console.actions import refusal_line
 from onceflow.console.read_model import backlog as _backlog
 from onceflow.console.read_model import epoch_dict as _epoch_dict
 from onceflow.console.read_model import iso_time as _time
-from onceflow.errors import OnceflowError, debug_enabled, one_line
+from onceflow.errors import ConfigError, OnceflowError, debug_enabled, one_line
 from onceflow.kafka_clients import LOGGER_NAME
 
 if TYPE_CHECKING:
@@ -96,6 +97,18 @@ def _parser() -> argparse.ArgumentParser:
     abort.add_argument("pipeline")
     abort.add_argument("epoch", type=int)
     abort.add_argument("--reason", default=None, help="recorded as the abort reason (default: who aborted)")
+
+    retain = sub.add_parser("retain", help="delete ledger history no step needs: old epochs, dead letters")
+    retain.add_argument("pipeline")
+    retain.add_argument(
+        "--keep-epochs", type=int, default=None, help="committed epochs kept (ONCEFLOW_RETAIN_EPOCHS)"
+    )
+    retain.add_argument(
+        "--dead-letter-days",
+        type=float,
+        default=None,
+        help="dead letters older than this are deleted (default: ONCEFLOW_DEAD_LETTER_DAYS)",
+    )
 
     dead_letters.add_parser(sub)
     topics.add_parser(sub)
@@ -252,6 +265,24 @@ def _cmd_abort(ledger: Ledger, args: argparse.Namespace, settings: Settings | No
     return 0
 
 
+def _cmd_retain(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+    from onceflow.catalog import known_pipeline
+    from onceflow.coordinator import Coordinator
+
+    known_pipeline(ledger, args.pipeline)
+    base = settings or Settings.from_env()
+    if args.keep_epochs is not None and args.keep_epochs < 1:
+        raise ConfigError(f"--keep-epochs {args.keep_epochs}: keep at least the last committed epoch (>= 1)")
+    if args.keep_epochs is None and base.retain_epochs == 0:
+        raise ConfigError(
+            "retention is off (ONCEFLOW_RETAIN_EPOCHS=0): say how many epochs to keep, --keep-epochs N"
+        )
+    coordinator = Coordinator(ledger, args.pipeline, {}, settings=base)
+    result = coordinator.retain(keep_epochs=args.keep_epochs, dead_letter_days=args.dead_letter_days)
+    print("\n".join(result.lines()))
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from onceflow.catalog import find_pipeline_path
     from onceflow.engine.runner import run_until
@@ -283,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "run":
         base = settings or Settings.from_env()
-        return _cmd_run(args, Settings(base.home, base.kafka_bootstrap, base.pg_dsn, url, base.lease_s))
+        return _cmd_run(args, replace(base, ledger_url=url))
     if args.command == "topics":
         return topics.run(args, settings or Settings.from_env())
     with Ledger.connect(url) as ledger:
@@ -293,7 +324,12 @@ def run(args: argparse.Namespace) -> int:
             return _cmd_epochs(ledger, args)
         if args.command == "status":
             return _cmd_status(ledger, args, settings)
-        commands = {"preview": _cmd_preview, "recover": _cmd_recover, "commit": _cmd_commit}
+        commands = {
+            "preview": _cmd_preview,
+            "recover": _cmd_recover,
+            "commit": _cmd_commit,
+            "retain": _cmd_retain,
+        }
         return commands.get(args.command, _cmd_abort)(ledger, args, settings)
 
 

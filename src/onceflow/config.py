@@ -27,6 +27,11 @@ class Settings:
     ledger_url: str
     # How long an epoch's owner counts as alive without renewing its lease (ONCEFLOW_LEASE_S).
     lease_s: float = 120.0
+    # Committed epochs each pipeline keeps in the ledger; every retain_epochs/10 epochs a commit deletes
+    # older history that no step needs (ONCEFLOW_RETAIN_EPOCHS; 0 turns that off, `onceflow retain` works).
+    retain_epochs: int = 1000
+    # Days after which dead letters of finished epochs are deleted (ONCEFLOW_DEAD_LETTER_DAYS).
+    dead_letter_days: float = 7.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -38,6 +43,8 @@ class Settings:
             pg_dsn=env.get("ONCEFLOW_PG_DSN", "postgresql://onceflow:onceflow@127.0.0.1:15432/onceflow"),
             ledger_url=env.get("ONCEFLOW_LEDGER_URL") or f"sqlite:///{home / 'ledger.db'}",
             lease_s=_seconds(env.get("ONCEFLOW_LEASE_S"), "ONCEFLOW_LEASE_S", 120.0),
+            retain_epochs=_whole(env.get("ONCEFLOW_RETAIN_EPOCHS"), "ONCEFLOW_RETAIN_EPOCHS", 1000),
+            dead_letter_days=_days(env.get("ONCEFLOW_DEAD_LETTER_DAYS"), "ONCEFLOW_DEAD_LETTER_DAYS", 7.0),
         )
         settings.validate()
         return settings
@@ -66,6 +73,8 @@ class Settings:
             "ONCEFLOW_PG_DSN": self.pg_dsn,
             "ONCEFLOW_LEDGER_URL": self.ledger_url,
             "ONCEFLOW_LEASE_S": f"{self.lease_s:g}",
+            "ONCEFLOW_RETAIN_EPOCHS": str(self.retain_epochs),
+            "ONCEFLOW_DEAD_LETTER_DAYS": f"{self.dead_letter_days:g}",
         }
 
 
@@ -79,3 +88,23 @@ def _seconds(value: str | None, name: str, default: float) -> float:
     if seconds <= 0:
         raise ConfigError(f"{name}={value!r}: expected a positive number of seconds")
     return seconds
+
+
+def _whole(value: str | None, name: str, default: int) -> int:
+    if value is None or value == "":
+        return default
+    if not value.strip().isdigit():
+        raise ConfigError(f"{name}={value!r}: expected a whole number >= 0")
+    return int(value)
+
+
+def _days(value: str | None, name: str, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        days = float(value)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:
+        raise ConfigError(f"{name}={value!r}: expected a number of days >= 0")
+    return days

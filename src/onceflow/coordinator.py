@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from onceflow.committables import Committable
@@ -55,9 +55,11 @@ from onceflow.ledger import (
     ParticipantStatus,
     PrecommitRefused,
     SinkCallFailed,
+    UnknownEpoch,
 )
 from onceflow.ledger.ledger import Registration
 from onceflow.ledger.models import utcnow
+from onceflow.ledger.retention import RetentionPolicy, RetentionResult
 from onceflow.pipeline import Pipeline
 from onceflow.records import DeadLetter
 from onceflow.sinks.base import SinkCommitter
@@ -215,6 +217,13 @@ def classify_orphan(orphan: Committable, epoch: Epoch | None, winner: Participan
     if not owned:
         return "abort"  # a losing or unregistered attempt can never join a decided epoch
     return "commit" if epoch.status is EpochStatus.COMMITTED else "keep"
+
+
+def retention_interval(retain_epochs: int) -> int:
+    """How often a commit applies retention: every tenth of the kept epochs, so its cost (finding the
+    epochs that hold a position reads every kept offset row) is paid once per that many epochs, and a
+    pipeline keeps at most ``retain_epochs`` plus that many committed epochs."""
+    return max(1, retain_epochs // 10)
 
 
 def committers_for(spec: Pipeline, settings: Settings | None = None) -> dict[str, SinkCommitter]:
@@ -500,7 +509,8 @@ class Coordinator:
 
         1. The plan said there is nothing to process (a preview, an interval already committed).
         2. The slice has no read task in this epoch.
-        3. The epoch moved on (decided, committed or aborted): a cleared or retried task must not redo it.
+        3. The epoch moved on (decided, committed or aborted, or deleted by retention since): a cleared or
+           retried task must not redo it.
            An at-most-once epoch is committed when planned and is processed all the same.
         """
         # 1.
@@ -510,7 +520,10 @@ class Coordinator:
         if slice_number not in planned.slices_with_tasks:
             return None, f"epoch {planned.epoch}: slice {slice_number} has no read task"
         # 3.
-        epoch = self.ledger.epoch(self.pipeline, planned.epoch)
+        try:
+            epoch = self.ledger.epoch(self.pipeline, planned.epoch)
+        except UnknownEpoch:  # only a final epoch is ever deleted
+            return None, f"epoch {planned.epoch} was finished and removed by ledger retention: nothing to do"
         at_most_once = self.spec is not None and self.spec.commits_before_processing
         if epoch.status is EpochStatus.PLANNED or (at_most_once and epoch.status is EpochStatus.COMMITTED):
             return epoch, f"{epoch}, slice {slice_number}: processing"
@@ -605,6 +618,10 @@ class Coordinator:
            what moves the source position and the state forward (invariant 7).
         6. Show the new position to Kafka's tools as consumer group ``onceflow-<pipeline>`` (a copy of
            the ledger's, best effort: a failure is logged and `onceflow status` reports the difference).
+        7. Retain: every `retention_interval` epochs, delete the history older than the last
+           ``retain_epochs`` committed epochs that no step needs (`retain`), so the ledger stays bounded
+           without a scheduled job; best effort, after the commit is complete, and skipped when the
+           coordinator has no settings or retention is off.
         """
         # 1.
         epoch = self._find("commit", number, run_id)
@@ -629,6 +646,8 @@ class Coordinator:
         self.log(f"{done}: every participant committed")
         # 6.
         self.show_position()
+        # 7.
+        self._retain_after_commit(done.number)
         return done
 
     def position_group(self) -> str | None:
@@ -841,6 +860,61 @@ class Coordinator:
                 "service is reachable, then run again"
             ) from exc
 
+    # -------------------------------------------------------------------------------- retention
+
+    def retain(
+        self, *, keep_epochs: int | None = None, dead_letter_days: float | None = None
+    ) -> RetentionResult:
+        """Delete the pipeline's ledger history that no step can still need; rows deleted per kind.
+
+        1. Take the policy from the arguments, else from the settings (``retain_epochs``,
+           ``dead_letter_days``); with retention off (0 epochs) and no ``keep_epochs``, do nothing.
+        2. Let the ledger delete in batches, one transaction each (`Ledger.retain`): old final epochs
+           with their rows, except those holding a partition's position, the latest state snapshot, the
+           data interval in flight and young dead letters; superseded state snapshot rows; old dead
+           letters of finished epochs.
+        3. Log one line per kind.
+        """
+        # 1.
+        settings = self.settings or Settings.from_env()
+        keep = settings.retain_epochs if keep_epochs is None else keep_epochs
+        days = settings.dead_letter_days if dead_letter_days is None else dead_letter_days
+        if keep == 0:
+            self.log(f"pipeline {self.pipeline!r}: retention is off (ONCEFLOW_RETAIN_EPOCHS=0)")
+            return RetentionResult(self.pipeline)
+        # 2.
+        result = self.ledger.retain(self.pipeline, self._retention_policy(keep, days))
+        # 3.
+        for line in result.lines():
+            self.log(line)
+        return result
+
+    def _retention_policy(self, keep_epochs: int, dead_letter_days: float) -> RetentionPolicy:
+        try:
+            return RetentionPolicy(keep_epochs=keep_epochs, dead_letter_age=timedelta(days=dead_letter_days))
+        except ValueError as exc:
+            raise ConfigError(f"retention of pipeline {self.pipeline!r}: {exc}") from exc
+
+    def _retain_after_commit(self, number: int) -> None:
+        """Step 7 of `commit`: retention as configured; a failure never fails a complete commit."""
+        if self.settings is None or self.settings.retain_epochs == 0:
+            return
+        every = retention_interval(self.settings.retain_epochs)
+        if number % every:
+            return
+        try:
+            policy = self._retention_policy(self.settings.retain_epochs, self.settings.dead_letter_days)
+            result = self.ledger.retain(self.pipeline, policy)
+        except Exception as exc:  # the commit is done; a later one retains again
+            self.log(
+                f"pipeline {self.pipeline!r}: retention skipped ({one_line(exc)}); the commit of epoch "
+                f"{number + every} tries again, or run `onceflow retain {self.pipeline}`"
+            )
+            return
+        if result.total:
+            counts = ", ".join(f"{rows} {kind}" for kind, rows in result.deleted.items() if rows)
+            self.log(f"pipeline {self.pipeline!r}: retention deleted {counts}")
+
     # ----------------------------------------------------------------------------------- report
 
     def report(self, *, run_id: str) -> list[str]:
@@ -874,5 +948,6 @@ __all__ = [
     "committers_for",
     "owner_of_this_process",
     "process_alive",
+    "retention_interval",
     "where",
 ]

@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from onceflow.committables import Committable
-from onceflow.ledger import schema
+from onceflow.ledger import retention, schema
 from onceflow.ledger.errors import (
     EpochInFlight,
     EpochNotPlanned,
@@ -55,6 +55,7 @@ from onceflow.ledger.models import (
     utcnow,
 )
 from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter
+from onceflow.ledger.retention import RetentionPolicy, RetentionResult
 from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
 
@@ -908,6 +909,99 @@ class Ledger:
                 )
                 for r in s.scalars(stmt).all()
             ]
+
+    # ------------------------------------------------------------------------------------- retention
+
+    def retain(
+        self, pipeline: str, policy: RetentionPolicy, *, now: datetime | None = None
+    ) -> RetentionResult:
+        """Delete the pipeline's history that no step can still need (see `onceflow.ledger.retention`).
+
+        1. Find the oldest of the ``keep_epochs`` most recent committed epochs, the epochs holding a
+           partition's position and the latest committed state snapshot's epoch (these only loosen as
+           epochs commit, so reading them once is safe).
+        2. Delete older final epochs with their rows, oldest first, ``batch_epochs`` per transaction;
+           each transaction locks the pipeline and reads again what the epoch in flight and young dead
+           letters need.
+        3. Delete superseded and discarded state snapshot rows, then dead letters older than
+           ``dead_letter_age`` of final epochs, ``batch_rows`` per transaction.
+        """
+        now = now or utcnow()
+        young_since = now - policy.dead_letter_age
+        result = RetentionResult(pipeline)
+        # 1.
+        with self._tx() as s:
+            below = retention.oldest_kept(s, pipeline, policy.keep_epochs)
+            stable = set() if below is None else retention.position_holders(s, pipeline, below)
+            snapshot = retention.latest_snapshot_row(s, pipeline)
+        if snapshot is not None:
+            stable.add(snapshot[1])
+        # 2.
+        if below is not None:
+            result.oldest_kept = below
+            while True:
+                with self._tx() as s:
+                    if not retention.lock_pipeline(s, pipeline):
+                        break
+                    protected = stable | retention.needed_now(s, pipeline, below, young_since)
+                    batch = retention.old_epochs_batch(s, pipeline, below, protected, policy.batch_epochs)
+                    retention.delete_epochs(s, pipeline, batch, result)
+                result.batches += bool(batch)
+                if len(batch) < policy.batch_epochs:
+                    break
+            with self._tx() as s:
+                result.held_back = int(
+                    s.scalar(
+                        select(func.count())
+                        .select_from(EpochRow)
+                        .where(
+                            EpochRow.pipeline == pipeline,
+                            EpochRow.epoch < below,
+                            EpochRow.status.in_(retention.FINAL),
+                        )
+                    )
+                    or 0
+                )
+        # 3.
+        for kind, model in (("state_snapshots", StateSnapshotRow), ("dead_letters", DeadLetterRow)):
+            while True:
+                with self._tx() as s:
+                    if not retention.lock_pipeline(s, pipeline):
+                        break
+                    if model is StateSnapshotRow:
+                        ids = retention.superseded_snapshots_batch(s, pipeline, policy.batch_rows)
+                    else:
+                        ids = retention.old_dead_letters_batch(s, pipeline, young_since, policy.batch_rows)
+                    result.add(kind, retention.delete_ids(s, model, ids))
+                result.batches += bool(ids)
+                if len(ids) < policy.batch_rows:
+                    break
+        return result
+
+    def row_counts(self, pipeline: str | None = None) -> dict[str, int]:
+        """Rows per ledger table (of one pipeline if given): what retention keeps bounded."""
+        models: dict[
+            str,
+            type[EpochRow]
+            | type[EpochOffsetRow]
+            | type[ParticipantRow]
+            | type[StateSnapshotRow]
+            | type[DeadLetterRow],
+        ] = {
+            "epochs": EpochRow,
+            "epoch_offsets": EpochOffsetRow,
+            "participants": ParticipantRow,
+            "state_snapshots": StateSnapshotRow,
+            "dead_letters": DeadLetterRow,
+        }
+        counts: dict[str, int] = {}
+        with self._tx() as s:
+            for kind, model in models.items():
+                stmt = select(func.count()).select_from(model)
+                if pipeline is not None:
+                    stmt = stmt.where(model.pipeline == pipeline)
+                counts[kind] = int(s.scalar(stmt) or 0)
+        return counts
 
 
 __all__ = ["Ledger", "LedgerError", "Registration", "staged_location"]
