@@ -113,7 +113,7 @@ PY
 }
 
 start_master() {
-  if ! alive master && master_answers; then
+  if ! alive master && port_stays_taken "$ONCEFLOW_SPARK_MASTER_PORT"; then
     onceflow_die "port $ONCEFLOW_SPARK_MASTER_PORT is taken by another process; set ONCEFLOW_SPARK_MASTER_PORT"
   fi
   alive master || onceflow_say "starting the Spark $SPARK_VERSION master on $MASTER_URL (UI on http://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_MASTER_UI_PORT)"
@@ -134,8 +134,18 @@ start_worker() {
     --webui-port $((ONCEFLOW_SPARK_MASTER_UI_PORT + n)) --work-dir "$RUN/work-$n" "$MASTER_URL"
 }
 
+# Whether a port stays taken for 30 s: a server killed a moment ago may still be releasing it.
+port_stays_taken() {
+  local waited=0
+  while onceflow_port_open "$ONCEFLOW_SPARK_HOST" "$1"; do
+    [ "$waited" -ge 30 ] && return 0
+    sleep 1; waited=$((waited + 1))
+  done
+  return 1
+}
+
 start_connect() {
-  if ! alive connect && onceflow_port_open "$ONCEFLOW_SPARK_HOST" "$ONCEFLOW_SPARK_CONNECT_PORT"; then
+  if ! alive connect && port_stays_taken "$ONCEFLOW_SPARK_CONNECT_PORT"; then
     onceflow_die "port $ONCEFLOW_SPARK_CONNECT_PORT is taken by another process; set ONCEFLOW_SPARK_CONNECT_PORT"
   fi
   alive connect || onceflow_say "starting the Spark Connect server on $REMOTE (UI on http://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_UI_PORT)"

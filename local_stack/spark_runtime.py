@@ -49,7 +49,8 @@ class SparkRuntime:
         env = {**self.env, "ONCEFLOW_SPARK_DATA": str(self.data), "ONCEFLOW_SPARK_UI_PORT": str(self.ui_port)}
         started = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True)
         if started.returncode != 0:
-            raise RuntimeError(f"infra/spark.sh start failed: {started.stderr[-3000:]}")
+            said = [line for line in started.stderr.splitlines() if line.startswith("[onceflow]")]
+            raise RuntimeError("infra/spark.sh start failed: " + "\n".join([*said, started.stderr[-2000:]]))
         return started.stdout.strip().splitlines()[-1].split("=", 1)[1]
 
     def stop(self, *, kill: bool = False) -> None:

@@ -11,6 +11,15 @@ What the server's Python workers need from the pipeline:
   is not installed) are not: they travel with the session as a Spark Connect artifact, one zip of their
   top-level packages' sources, added once per session (again when they change).
 
+Every process that runs slices of one pipeline with the same modules joins one session on the server
+(its id derived from the pipeline's name and the modules' content) instead of opening its own. Spark
+4.1 keeps the Python workers of every session that ran Python until the server stops (SPARK-54055), so a
+session per Airflow task grew a long-lived runtime by a Python worker per executor per task. A joined
+session is never released by a client, since others use it; the server closes it once idle for
+``spark.connect.session.manager.defaultSessionTimeout``, and a closed id is never valid again, so the
+clients then move on to the next generation's id. A change of the modules is a new session: a reused
+Python worker never runs an old version of them.
+
 Every slice's queries carry one tag. A slice that fails, or is interrupted, interrupts its tagged
 queries; a client killed outright leaves its queries detached, and the server interrupts detached
 queries after ``spark.connect.execute.manager.detachedTimeout`` (set by ``infra/spark.sh``). Either way
@@ -26,6 +35,7 @@ import os
 import sys
 import tempfile
 import threading
+import uuid
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -53,6 +63,10 @@ RETRY_POLICY: dict[str, Any] = {
     "max_backoff": 5000,
 }
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed, so that the same sources make the same zip and the same name
+# Joined sessions' ids: uuid5 of the pipeline, its modules' bundle and a generation, in this namespace.
+_SESSION_NAMESPACE = uuid.UUID("6f1c3d2a-9b7e-5c41-8a0d-0f5e2b7c9d13")
+# Generations tried before giving up on joining (each closed one costs a round trip).
+_MAX_GENERATIONS = 64
 
 
 def spark_remote(env: Mapping[str, str] | None = None) -> str | None:
@@ -173,24 +187,66 @@ def module_bundle(packages: Iterable[str], folder: Path) -> Path | None:
 @dataclass
 class _WarmSession:
     session: Any
+    joined: bool = False  # one shared by every process of the pipeline: never released by this one
     shipped: set[str] = field(default_factory=set)
 
 
-_sessions: dict[str, _WarmSession] = {}
+# This process's sessions by remote and key ("" for a private session, else the joined session's key).
+_sessions: dict[tuple[str, str], _WarmSession] = {}
 _lock = threading.Lock()
 
 
-def _new_session(remote: str) -> _WarmSession:
+def joined_session_id(key: str, generation: int = 0) -> str:
+    """The id every process joining ``key`` (pipeline and modules) uses, for one generation."""
+    return str(uuid.uuid5(_SESSION_NAMESPACE, f"{key}\0{generation}"))
+
+
+def _with_session_id(remote: str, session_id: str) -> str:
+    """``remote`` asking for the session ``session_id``, unless the URL names a session itself."""
+    if "session_id=" in remote:
+        return remote
+    return (
+        f"{remote};session_id={session_id}"
+        if "/;" in remote
+        else f"{remote.rstrip('/')}/;session_id={session_id}"
+    )
+
+
+def _open(url: str) -> Any:
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
-    log(f"opening a Spark Connect session on {remote}")
-    session = SparkSession.builder.remote(remote).create()
+    session = SparkSession.builder.remote(url).create()
     # The client's default retries wait up to 10 minutes for a server that went away; a slice gives up
     # after about 20 s instead, so that its epoch aborts (and is replayed) rather than hangs.
     session.client.set_retry_policies([DefaultPolicy(**RETRY_POLICY)])
-    atexit.register(_release, session)
-    return _WarmSession(session)
+    return session
+
+
+def _new_session(remote: str, key: str) -> _WarmSession:
+    """A private session (``key`` empty), or the session of ``key`` joined at its first open generation."""
+    if not key:
+        log(f"opening a Spark Connect session on {remote}")
+        warm = _WarmSession(_open(remote))
+        atexit.register(_release, warm.session)
+        _configure(warm)
+        return warm
+    for generation in range(_MAX_GENERATIONS):
+        session_id = joined_session_id(key, generation)
+        warm = _WarmSession(_open(_with_session_id(remote, session_id)), joined=True)
+        try:
+            _configure(warm)  # the first round trip: creates the session, or finds it closed
+        except Exception as exc:
+            _close(warm.session, release=False)
+            if "SESSION_CLOSED" not in str(exc):
+                raise
+            continue
+        log(f"joined the Spark Connect session {session_id} on {remote}")
+        return warm
+    raise ConfigError(
+        f"the Spark Connect server on {remote} has closed the first {_MAX_GENERATIONS} session ids of "
+        f"{key!r}; restart it (infra/spark.sh restart)"
+    )
 
 
 def _release(session: Any) -> None:
@@ -211,11 +267,12 @@ def _configure(warm: _WarmSession) -> None:
         warm.session.conf.set(key, value)
 
 
-def warm_session(remote: str) -> _WarmSession:
-    """This process's session on ``remote``, reused across slices; a new one when it stopped working
-    (the server restarted, or the session expired)."""
+def warm_session(remote: str, key: str = "") -> _WarmSession:
+    """This process's session on ``remote`` (``key``: the shared session of a pipeline and its modules;
+    empty: a private one), reused across slices; another when it stopped working (the server
+    restarted, or the session expired)."""
     with _lock:
-        warm = _sessions.get(remote)
+        warm = _sessions.get((remote, key))
         if warm is not None:
             try:
                 _configure(warm)  # one round trip, which also proves the session is still there
@@ -223,31 +280,47 @@ def warm_session(remote: str) -> _WarmSession:
             except Exception as exc:
                 log(f"the Spark Connect session on {remote} is gone ({failure_line(exc)}); opening another")
                 _close(warm.session, release=False)
-                del _sessions[remote]
-        warm = _new_session(remote)
-        _configure(warm)
-        _sessions[remote] = warm
+                del _sessions[(remote, key)]
+        warm = _new_session(remote, key)
+        _sessions[(remote, key)] = warm
         return warm
 
 
-def forget_session(remote: str, *, release: bool = True) -> None:
-    """Drop this process's session on ``remote``; the next slice opens a new one. ``release`` asks
-    the server to free it; without, the connection is only closed (the server may be gone)."""
+def open_sessions(remote: str) -> list[Any]:
+    """The sessions this process holds on ``remote``."""
     with _lock:
-        warm = _sessions.pop(remote, None)
-    if warm is None:
-        return
-    _close(warm.session, release=release)
+        return [warm.session for (where, _), warm in _sessions.items() if where == remote]
 
 
-def _ship_modules(warm: _WarmSession, modules: list[str]) -> None:
+def forget_session(remote: str, *, release: bool = True) -> None:
+    """Drop this process's sessions on ``remote``; the next slice opens (or joins) another. ``release``
+    asks the server to free a private one; without, the connection is only closed (the server may be
+    gone). A joined session is never released: other processes use it."""
+    with _lock:
+        dropped = [_sessions.pop(k) for k in [k for k in _sessions if k[0] == remote]]
+    for warm in dropped:
+        _close(warm.session, release=release and not warm.joined)
+
+
+@dataclass(frozen=True)
+class _Bundle:
+    packages: list[str]
+    path: Path | None
+
+
+def _bundle(modules: list[str]) -> _Bundle:
     packages = own_packages(modules)
-    bundle = module_bundle(packages, Path(tempfile.gettempdir()) / f"onceflow-artifacts-{os.getuid()}")
-    if bundle is None or bundle.name in warm.shipped:
+    return _Bundle(
+        packages, module_bundle(packages, Path(tempfile.gettempdir()) / f"onceflow-artifacts-{os.getuid()}")
+    )
+
+
+def _ship_modules(warm: _WarmSession, bundle: _Bundle) -> None:
+    if bundle.path is None or bundle.path.name in warm.shipped:
         return
-    log(f"adding the pipeline's packages {packages} to the session as {bundle.name}")
-    warm.session.addArtifacts(str(bundle), pyfile=True)
-    warm.shipped.add(bundle.name)
+    log(f"adding the pipeline's packages {bundle.packages} to the session as {bundle.path.name}")
+    warm.session.addArtifacts(str(bundle.path), pyfile=True)
+    warm.shipped.add(bundle.path.name)
 
 
 def server_unreachable(exc: BaseException) -> bool:
@@ -260,10 +333,15 @@ def connect_sessions(remote: str, modules: list[str], attempt_token: str) -> Ses
     """Sessions for `slice_job.run_slice` on the Spark Connect server at ``remote``: the warm session,
     with the pipeline's modules added and the slice's queries tagged."""
 
+    bundles: list[_Bundle] = []  # built by the first slice, once the modules are importable here
+
     @contextmanager
     def session_for(spec: Pipeline, ref: SliceRef) -> Iterator[Any]:
-        warm = warm_session(remote)
-        _ship_modules(warm, modules)
+        if not bundles:
+            bundles.append(_bundle(modules))
+        bundle = bundles[0]
+        warm = warm_session(remote, f"{spec.name}\0{bundle.path.name if bundle.path else ''}")
+        _ship_modules(warm, bundle)
         spark = warm.session
         tag = slice_tag(spec.name, ref.epoch, ref.slice, attempt_token)
         spark.addTag(tag)

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import sys
 import textwrap
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.config import Settings
-from onceflow.engine.connect import forget_session, warm_session
+from onceflow.engine.connect import forget_session, open_sessions
 from onceflow.engine.runner import ProcessFailed, run_epoch
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.sinks.files import read_committed_table
@@ -32,18 +36,16 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")
-def spark_remote_url() -> str:
-    """The local Spark Connect server, started if it is not running (and left running afterwards).
+def runtime() -> SparkRuntime:
+    """The local warm runtime. Session-scoped, so it is resolved before any test's ``stack`` points
+    ONCEFLOW_HOME at a temporary folder."""
+    return SparkRuntime.from_env()
 
-    Session-scoped, so it runs before any test's ``stack`` points ONCEFLOW_HOME at a temporary folder:
-    ``infra/spark.sh`` finds the runtime's pids under the stack's own ONCEFLOW_HOME."""
-    started = subprocess.run(
-        [str(ROOT / "infra" / "spark.sh"), "start"], capture_output=True, text=True, check=False
-    )
-    assert started.returncode == 0, started.stderr[-3000:]
-    lines = [line for line in started.stdout.splitlines() if line.startswith("ONCEFLOW_SPARK_REMOTE=")]
-    assert lines, started.stdout
-    return lines[-1].split("=", 1)[1]
+
+@pytest.fixture(scope="session")
+def spark_remote_url(runtime: SparkRuntime) -> str:
+    """The local Spark Connect server, started if it is not running (and left running afterwards)."""
+    return runtime.start()
 
 
 def test_epochs_through_spark_connect_deliver_once_and_reuse_one_session(
@@ -60,7 +62,7 @@ def test_epochs_through_spark_connect_deliver_once_and_reuse_one_session(
     )
     one = run_epoch(ORDERS, Settings.from_env(), executor="connect", spark_remote_url=spark_remote_url)
     assert one.epoch.status == EpochStatus.COMMITTED and one.executor == "connect"
-    session = warm_session(spark_remote_url).session
+    [session] = open_sessions(spark_remote_url)
     expected = sorted(o["id"] for o in first if o["amount"] > 0)
     assert delivered_ids(pg_connect, stack) == (expected, expected)
     assert dead_letter_codes(stack) == ["malformed_json", "not_utf8", "wrong_type"]
@@ -69,7 +71,8 @@ def test_epochs_through_spark_connect_deliver_once_and_reuse_one_session(
     produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], second)
     two = run_epoch(ORDERS, Settings.from_env(), executor="connect", spark_remote_url=spark_remote_url)
     assert two.epoch.number == 2 and two.epoch.status == EpochStatus.COMMITTED
-    assert warm_session(spark_remote_url).session is session  # the same warm session, not a new one
+    [again] = open_sessions(spark_remote_url)
+    assert again is session  # the same warm session, not a new one
     expected = sorted(expected + [o["id"] for o in second if o["amount"] > 0])
     assert delivered_ids(pg_connect, stack) == (expected, expected)
     assert prepared_count(pg_connect, stack["ONCEFLOW_TEST_PIPELINE"]) == 0
@@ -77,6 +80,46 @@ def test_epochs_through_spark_connect_deliver_once_and_reuse_one_session(
         for name, outcome in (("first (opens the session)", one), ("second (warm)", two)):
             steps = ", ".join(f"{k} {v:.2f} s" for k, v in outcome.steps.items())
             print(f"\n[connect] {name} epoch: {outcome.seconds:.2f} s ({steps})")
+
+
+def _python_workers(runtime: SparkRuntime) -> int:
+    """Python processes (daemons and workers) under the warm runtime's executors."""
+    import psutil
+
+    count = 0
+    for pid in runtime.executor_pids():
+        try:
+            count += len(psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            continue
+    return count
+
+
+def test_processes_of_one_pipeline_join_one_session_and_leave_no_python_workers_behind(
+    stack, settings, pg_connect, spark_remote_url, runtime
+) -> None:
+    """Each Airflow process task is a new client process. They all join the pipeline's one session on
+    the server, so the executors' Python workers stay as many as after the first epoch (a session per
+    process would add a Python worker per executor each time: Spark keeps them, SPARK-54055)."""
+    env = {**os.environ, "ONCEFLOW_SPARK_REMOTE": spark_remote_url, "PYTHONPATH": str(ROOT)}
+    joined, workers = [], []
+    for n in range(3):
+        produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(100 * n, 20))
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.faults.driver", "epoch", ORDERS, "--executor", "connect"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        joined += re.findall(r"joined the Spark Connect session (\S+)", done.stderr)
+        workers.append(_python_workers(runtime))
+    assert len(joined) == 3 and len(set(joined)) == 1, joined
+    assert workers[0] > 0 and workers[-1] == workers[0], workers
+    expected = sorted(o["id"] for n in range(3) for o in orders(100 * n, 20) if o["amount"] > 0)
+    assert delivered_ids(pg_connect, stack) == (expected, expected)
 
 
 def _write_module(folder: Path, name: str, table_root: Path, stack: dict[str, str]) -> None:
