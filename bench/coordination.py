@@ -20,8 +20,9 @@
 3. Rows the ledger gains per epoch, their bytes on PostgreSQL, and rows per day at the given epoch rate,
    with and without retention.
 
-The sinks' committers are **no-op committers** (`NoopCommitter`): what is measured is the coordination
-(the ledger and the coordinator), not a sink's own commit, which bench/commit_cost.py measures.
+The sinks' committers are **no-op committers** (`NothingToCommit`, the committer of sinks whose writes
+are final): what is measured is the coordination (the ledger and the coordinator), not a sink's own
+commit, which bench/commit_cost.py measures.
 Results go to ``--out``/coordination.json; ``--report`` writes the section between its markers.
 """
 
@@ -56,6 +57,7 @@ from onceflow.ledger import Ledger
 from onceflow.ledger.models import EpochOffsetRow, EpochRow, ParticipantRow, PipelineRow
 from onceflow.ledger.retention import RetentionPolicy
 from onceflow.offsets import OffsetRange
+from onceflow.sinks._pg import NothingToCommit
 
 BEGIN = "<!-- coordination-bench -->"
 END = "<!-- /coordination-bench -->"
@@ -63,19 +65,6 @@ STEPS = ("plan", "precommit", "decide", "commit")
 TARGET_S = 2.0
 SPAN = 100  # offsets each partition reads per epoch
 TABLES = ("epochs", "epoch_offsets", "participants", "state_snapshots", "dead_letters")
-
-
-class NoopCommitter:
-    """A sink committer that does nothing: the bench measures coordination, not a sink's commit."""
-
-    def commit(self, committables: Sequence[Committable]) -> None:
-        return None
-
-    def abort(self, committables: Sequence[Committable]) -> None:
-        return None
-
-    def orphans(self, pipeline: str) -> list[Committable]:
-        return []
 
 
 @dataclass(frozen=True)
@@ -259,7 +248,7 @@ def run_epoch(
 def wide_pipeline(url: str, shape: Shape, epochs: int, history: int, keep: int) -> dict[str, Any]:
     """Part 1 on one ledger: per-epoch step times and statements, rows per epoch, retention's cost."""
     pipeline = f"wide-{uuid.uuid4().hex[:8]}"
-    sinks = {f"sink{i}": NoopCommitter() for i in range(shape.sinks)}
+    sinks = {f"sink{i}": NothingToCommit() for i in range(shape.sinks)}
     with Ledger.connect(url) as ledger:
         started = time.perf_counter()
         seed_history(ledger, pipeline, shape, history)
@@ -323,7 +312,7 @@ def _pipeline_thread(
     url: str, name: str, shape: Shape, epochs: int, start_at: float, out: list[dict[str, Any]]
 ) -> None:
     with Ledger.connect(url) as ledger:
-        coordinator = Coordinator(ledger, name, {f"sink{i}": NoopCommitter() for i in range(shape.sinks)})
+        coordinator = Coordinator(ledger, name, {f"sink{i}": NothingToCommit() for i in range(shape.sinks)})
         run_epoch(ledger, coordinator, shape)  # warm-up, before the common start
         time.sleep(max(0.0, start_at - time.time()))
         for _ in range(epochs):
@@ -526,7 +515,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
             "pipeline_partitions": args.pipeline_partitions,
             "pipeline_participants": args.pipeline_participants,
         },
-        "committer": "NoopCommitter (does nothing: coordination only)",
+        "committer": "NothingToCommit (does nothing: coordination only)",
         "wide": wide,
         "many": many,
         "projection": projection(shape, bytes_per_row, args.epochs_per_minute, args.keep_epochs),

@@ -816,15 +816,7 @@ class Ledger:
     def latest_snapshot(self, pipeline: str) -> StateSnapshot | None:
         """The state of the last committed epoch that wrote one: where a stateful job resumes."""
         with self._tx() as s:
-            row = s.scalars(
-                select(StateSnapshotRow)
-                .where(
-                    StateSnapshotRow.pipeline == pipeline,
-                    StateSnapshotRow.status == SnapshotStatus.COMMITTED.value,
-                )
-                .order_by(StateSnapshotRow.epoch.desc(), StateSnapshotRow.id.desc())
-                .limit(1)
-            ).one_or_none()
+            row = retention.latest_snapshot(s, pipeline)
             return None if row is None else self._to_snapshot(row)
 
     def add_dead_letters(

@@ -153,10 +153,10 @@ def position_holders(s: Session, pipeline: str, below: int) -> set[int]:
     return {int(n) for n in s.scalars(holders).all() if n is not None and n < below}
 
 
-def latest_snapshot_row(s: Session, pipeline: str) -> tuple[int, int] | None:
-    """(id, epoch) of the latest committed state snapshot, as `Ledger.latest_snapshot` orders them."""
-    row = s.execute(
-        select(StateSnapshotRow.id, StateSnapshotRow.epoch)
+def latest_snapshot(s: Session, pipeline: str) -> StateSnapshotRow | None:
+    """The latest committed state snapshot: the one a stateful job resumes from, never deleted."""
+    return s.scalars(
+        select(StateSnapshotRow)
         .where(
             StateSnapshotRow.pipeline == pipeline,
             StateSnapshotRow.status == SnapshotStatus.COMMITTED.value,
@@ -164,7 +164,12 @@ def latest_snapshot_row(s: Session, pipeline: str) -> tuple[int, int] | None:
         .order_by(StateSnapshotRow.epoch.desc(), StateSnapshotRow.id.desc())
         .limit(1)
     ).one_or_none()
-    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def latest_snapshot_row(s: Session, pipeline: str) -> tuple[int, int] | None:
+    """(id, epoch) of the latest committed state snapshot."""
+    row = latest_snapshot(s, pipeline)
+    return None if row is None else (int(row.id), int(row.epoch))
 
 
 def needed_now(s: Session, pipeline: str, below: int, young_since: datetime) -> set[int]:
