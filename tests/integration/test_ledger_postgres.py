@@ -13,14 +13,6 @@ from tests.unit.test_ledger_state_machine import run_machine
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def pg_ledger(pg_database: str) -> Ledger:
-    # A plain postgresql:// URL, as ONCEFLOW_PG_DSN is written, must work as a ledger URL.
-    ledger = Ledger.connect(pg_database, check=False)
-    ledger.upgrade()
-    return ledger
-
-
 def test_fresh_postgresql_database_needs_upgrade_then_works(pg_database: str) -> None:
     with pytest.raises(SchemaMismatch, match="not initialised, run `onceflow db upgrade`"):
         Ledger.connect(pg_database)

@@ -13,13 +13,6 @@ from tests.unit.test_ledger_retention import CHECKS
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def pg_ledger(pg_database: str) -> Ledger:
-    ledger = Ledger.connect(pg_database, check=False)
-    ledger.upgrade()
-    return ledger
-
-
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
 def test_retention_on_postgresql(pg_ledger: Ledger, check: Callable[[Ledger], None]) -> None:
     try:
