@@ -15,11 +15,18 @@ export ONCEFLOW_KAFKA_HEAP="${ONCEFLOW_KAFKA_HEAP:-768m}"
 # broker+controller processes; broker n listens on ONCEFLOW_KAFKA_PORT + 2(n-1), its controller on
 # ONCEFLOW_KAFKA_CONTROLLER_PORT + 2(n-1).
 export ONCEFLOW_KAFKA_BROKERS="${ONCEFLOW_KAFKA_BROKERS:-1}"
+# More broker settings, as space-separated key=value pairs for every broker's server.properties (they win
+# over infra/kafka.sh's own), e.g. "broker.session.timeout.ms=4000 broker.heartbeat.interval.ms=1000".
+export ONCEFLOW_KAFKA_CONF="${ONCEFLOW_KAFKA_CONF:-}"
 onceflow_kafka_port() { printf '%s' $(($2 + 2 * ($1 - 1))); }
 _onceflow_bootstrap="$ONCEFLOW_KAFKA_HOST:$ONCEFLOW_KAFKA_PORT"
-for ((_onceflow_n = 2; _onceflow_n <= ONCEFLOW_KAFKA_BROKERS; _onceflow_n++)); do
-  _onceflow_bootstrap+=",$ONCEFLOW_KAFKA_HOST:$(onceflow_kafka_port "$_onceflow_n" "$ONCEFLOW_KAFKA_PORT")"
-done
+case "$ONCEFLOW_KAFKA_BROKERS" in
+  [1-9]) # anything else is refused by infra/kafka.sh, with a clear line
+    for ((_onceflow_n = 2; _onceflow_n <= ONCEFLOW_KAFKA_BROKERS; _onceflow_n++)); do
+      _onceflow_bootstrap+=",$ONCEFLOW_KAFKA_HOST:$(onceflow_kafka_port "$_onceflow_n" "$ONCEFLOW_KAFKA_PORT")"
+    done
+    ;;
+esac
 export ONCEFLOW_KAFKA_BOOTSTRAP="${ONCEFLOW_KAFKA_BOOTSTRAP:-$_onceflow_bootstrap}"
 unset _onceflow_bootstrap _onceflow_n
 

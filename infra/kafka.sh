@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# Local Apache Kafka (KRaft, one combined broker+controller on loopback) for onceflow.
+# Local Apache Kafka (KRaft) for onceflow: one combined broker+controller on loopback, or with
+# ONCEFLOW_KAFKA_BROKERS=3 (up to 9) a cluster of that many combined broker+controller processes, with
+# topics and the transaction state log replicated 3 times and min.insync.replicas=2.
 #   infra/kafka.sh jars      resolve the broker jars from Maven Central into $ONCEFLOW_CACHE
-#   infra/kafka.sh start     format storage on first start, start, wait until it answers (data kept on restart)
-#   infra/kafka.sh stop      stop by pid (SIGTERM, then SIGKILL); `stop --kill` sends SIGKILL at once
-#   infra/kafka.sh status    exit 0 when the broker answers
-#   infra/kafka.sh consumer-groups|topics ARGS   Kafka's own tools against the local broker
+#   infra/kafka.sh start     format storage on first start, start every broker, wait until each answers
+#   infra/kafka.sh stop      stop every broker by pid (SIGTERM, then SIGKILL); `stop --kill` sends SIGKILL
+#   infra/kafka.sh status    exit 0 when every broker answers
+#   infra/kafka.sh start-broker N            start broker N of the cluster alone (the others keep running)
+#   infra/kafka.sh stop-broker N [--kill]    stop broker N alone
+#   infra/kafka.sh consumer-groups|topics|transactions|metadata-quorum ARGS   Kafka's own tools
+# Broker n (node.id n) listens on ONCEFLOW_KAFKA_PORT + 2(n-1), its controller on
+# ONCEFLOW_KAFKA_CONTROLLER_PORT + 2(n-1); with one broker its files are right in ONCEFLOW_KAFKA_DATA,
+# in a cluster under ONCEFLOW_KAFKA_DATA/broker-n (server.properties, kafka.pid, kafka.log, log/).
 set -euo pipefail
 # shellcheck source=infra/env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 LIBS="$ONCEFLOW_CACHE/kafka-$ONCEFLOW_KAFKA_VERSION/libs"
-PIDFILE="$ONCEFLOW_KAFKA_DATA/kafka.pid"
-LOG="$ONCEFLOW_KAFKA_DATA/kafka.log"
-CONF="$ONCEFLOW_KAFKA_DATA/server.properties"
+BROKERS="$ONCEFLOW_KAFKA_BROKERS"
+
+case "$BROKERS" in
+  1 | [3-9]) ;;
+  *) onceflow_die "ONCEFLOW_KAFKA_BROKERS=$BROKERS: expected 1 (one broker) or 3 to 9 (a replicated cluster)" ;;
+esac
 
 jars() {
   # The marker holds the pom's checksum: a pom that gained an artifact resolves again.
@@ -34,21 +44,27 @@ jars() {
 
 classpath() { printf '%s' "$LIBS/*"; }
 
-write_config() {
-  mkdir -p "$ONCEFLOW_KAFKA_DATA/log"
-  cat > "$CONF" <<CONF
-# Written by infra/kafka.sh; edit ONCEFLOW_KAFKA_* variables instead.
-process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@$ONCEFLOW_KAFKA_HOST:$ONCEFLOW_KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://$ONCEFLOW_KAFKA_HOST:$ONCEFLOW_KAFKA_PORT,CONTROLLER://$ONCEFLOW_KAFKA_HOST:$ONCEFLOW_KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$ONCEFLOW_KAFKA_HOST:$ONCEFLOW_KAFKA_PORT
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-log.dirs=$ONCEFLOW_KAFKA_DATA/log
-num.partitions=1
-auto.create.topics.enable=false
+# Where broker N keeps its files, and its ports.
+dir_of() { if [ "$BROKERS" = 1 ]; then printf '%s' "$ONCEFLOW_KAFKA_DATA"; else printf '%s' "$ONCEFLOW_KAFKA_DATA/broker-$1"; fi; }
+port_of() { onceflow_kafka_port "$1" "$ONCEFLOW_KAFKA_PORT"; }
+controller_port_of() { onceflow_kafka_port "$1" "$ONCEFLOW_KAFKA_CONTROLLER_PORT"; }
+pidfile_of() { printf '%s/kafka.pid' "$(dir_of "$1")"; }
+log_of() { printf '%s/kafka.log' "$(dir_of "$1")"; }
+conf_of() { printf '%s/server.properties' "$(dir_of "$1")"; }
+what_of() { if [ "$BROKERS" = 1 ]; then printf 'Kafka'; else printf 'Kafka broker %s' "$1"; fi; }
+
+voters() {
+  local n list=""
+  for ((n = 1; n <= BROKERS; n++)); do
+    list+="${list:+,}$n@$ONCEFLOW_KAFKA_HOST:$(controller_port_of "$n")"
+  done
+  printf '%s' "$list"
+}
+
+# Replication of topics and internal state: 1 on one broker, 3 with min.insync.replicas=2 on a cluster.
+replication() {
+  if [ "$BROKERS" = 1 ]; then
+    cat <<CONF
 offsets.topic.replication.factor=1
 offsets.topic.num.partitions=8
 transaction.state.log.replication.factor=1
@@ -56,59 +72,150 @@ transaction.state.log.min.isr=1
 transaction.state.log.num.partitions=8
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
+CONF
+  else
+    cat <<CONF
+default.replication.factor=3
+min.insync.replicas=2
+offsets.topic.replication.factor=3
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=3
+transaction.state.log.min.isr=2
+transaction.state.log.num.partitions=8
+share.coordinator.state.topic.replication.factor=3
+share.coordinator.state.topic.min.isr=2
+CONF
+  fi
+}
+
+write_config() {
+  local n=$1 dir port cport
+  dir=$(dir_of "$n"); port=$(port_of "$n"); cport=$(controller_port_of "$n")
+  mkdir -p "$dir/log"
+  cat > "$(conf_of "$n")" <<CONF
+# Written by infra/kafka.sh; edit ONCEFLOW_KAFKA_* variables instead.
+process.roles=broker,controller
+node.id=$n
+controller.quorum.voters=$(voters)
+listeners=PLAINTEXT://$ONCEFLOW_KAFKA_HOST:$port,CONTROLLER://$ONCEFLOW_KAFKA_HOST:$cport
+advertised.listeners=PLAINTEXT://$ONCEFLOW_KAFKA_HOST:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$dir/log
+num.partitions=1
+auto.create.topics.enable=false
+$(replication)
 # Pipelines may hold a transaction open for a long epoch; the client's transaction.timeout.ms may not exceed this.
 transaction.max.timeout.ms=3600000
 group.initial.rebalance.delay.ms=0
 CONF
+  extra_config >> "$(conf_of "$n")"
+}
+
+# ONCEFLOW_KAFKA_CONF's key=value pairs, one a line (a later line wins over an earlier one).
+extra_config() {
+  local pair pairs
+  read -r -a pairs <<< "$ONCEFLOW_KAFKA_CONF"
+  [ "${#pairs[@]}" -gt 0 ] || return 0
+  echo "# From ONCEFLOW_KAFKA_CONF."
+  for pair in "${pairs[@]}"; do
+    case "$pair" in
+      [a-z]*=*) echo "$pair" ;;
+      *) onceflow_die "ONCEFLOW_KAFKA_CONF: '$pair' is not key=value (e.g. broker.session.timeout.ms=4000)" ;;
+    esac
+  done
+}
+
+# The id every broker of the local cluster is formatted with (one broker: a fresh one on its first start).
+cluster_id() {
+  local file="$ONCEFLOW_KAFKA_DATA/cluster.id"
+  if [ "$BROKERS" != 1 ] && [ -s "$file" ]; then
+    cat "$file"
+    return
+  fi
+  local id
+  id=$(java -cp "$(classpath)" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
+  if [ "$BROKERS" != 1 ]; then
+    mkdir -p "$ONCEFLOW_KAFKA_DATA"
+    echo "$id" > "$file"
+  fi
+  printf '%s' "$id"
 }
 
 format_once() {
-  if [ -f "$ONCEFLOW_KAFKA_DATA/log/meta.properties" ]; then
+  local n=$1 dir
+  dir=$(dir_of "$n")
+  if [ -f "$dir/log/meta.properties" ]; then
     return
   fi
-  local cluster_id
-  cluster_id=$(java -cp "$(classpath)" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
-  onceflow_say "formatting KRaft storage in $ONCEFLOW_KAFKA_DATA/log (cluster $cluster_id)"
-  java -cp "$(classpath)" kafka.tools.StorageTool format -t "$cluster_id" -c "$CONF" 2>/dev/null >&2
+  local id
+  id=$(cluster_id)
+  onceflow_say "formatting KRaft storage in $dir/log (cluster $id)"
+  java -cp "$(classpath)" kafka.tools.StorageTool format -t "$id" -c "$(conf_of "$n")" 2>/dev/null >&2
 }
 
 answers() {
-  onceflow_port_open "$ONCEFLOW_KAFKA_HOST" "$ONCEFLOW_KAFKA_PORT" \
-    && grep -q "Kafka Server started" "$LOG" 2>/dev/null
+  onceflow_port_open "$ONCEFLOW_KAFKA_HOST" "$(port_of "$1")" \
+    && grep -q "Kafka Server started" "$(log_of "$1")" 2>/dev/null
 }
 
-running() { kill -0 "$(cat "$PIDFILE" 2>/dev/null)" 2>/dev/null; }
+running() { kill -0 "$(cat "$(pidfile_of "$1")" 2>/dev/null)" 2>/dev/null; }
+
+# Launch broker N unless it runs already (no waiting: a cluster's brokers only answer once a quorum is up).
+launch() {
+  local n=$1 port log pidfile
+  port=$(port_of "$n"); log=$(log_of "$n"); pidfile=$(pidfile_of "$n")
+  if running "$n"; then
+    onceflow_say "$(what_of "$n") already running (pid $(cat "$pidfile")) on $ONCEFLOW_KAFKA_HOST:$port"
+    return
+  fi
+  if onceflow_port_open "$ONCEFLOW_KAFKA_HOST" "$port"; then
+    onceflow_die "port $port is taken by another process; set ONCEFLOW_KAFKA_PORT"
+  fi
+  write_config "$n"
+  format_once "$n"
+  onceflow_say "starting $(what_of "$n") $ONCEFLOW_KAFKA_VERSION (KRaft) on $ONCEFLOW_KAFKA_HOST:$port, data in $(dir_of "$n")"
+  : > "$log"
+  nohup java -Xms256m "-Xmx$ONCEFLOW_KAFKA_HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
+    "-Dlog4j2.configurationFile=$ONCEFLOW_ROOT/infra/kafka/log4j2.yaml" \
+    -cp "$(classpath)" kafka.Kafka "$(conf_of "$n")" >>"$log" 2>&1 < /dev/null &
+  echo $! > "$pidfile"
+}
+
+wait_up() {
+  local n=$1
+  onceflow_wait_for "$(what_of "$n")" "$(pidfile_of "$n")" 120 "$(log_of "$n")" answers "$n"
+  onceflow_say "$(what_of "$n") is up (pid $(cat "$(pidfile_of "$n")"))"
+}
 
 start() {
   jars
-  if running; then
-    onceflow_say "Kafka already running (pid $(cat "$PIDFILE")) on $ONCEFLOW_KAFKA_BOOTSTRAP"
-    onceflow_wait_for Kafka "$PIDFILE" 120 "$LOG" answers
-    return
+  local n
+  if [ "$BROKERS" != 1 ]; then  # a first start formats every broker's storage at once (a JVM each)
+    cluster_id >/dev/null
+    for ((n = 1; n <= BROKERS; n++)); do
+      running "$n" || { write_config "$n" && format_once "$n"; } &
+    done
+    wait
   fi
-  if onceflow_port_open "$ONCEFLOW_KAFKA_HOST" "$ONCEFLOW_KAFKA_PORT"; then
-    onceflow_die "port $ONCEFLOW_KAFKA_PORT is taken by another process; set ONCEFLOW_KAFKA_PORT"
-  fi
-  write_config
-  format_once
-  onceflow_say "starting Kafka $ONCEFLOW_KAFKA_VERSION (KRaft) on $ONCEFLOW_KAFKA_BOOTSTRAP, data in $ONCEFLOW_KAFKA_DATA"
-  : > "$LOG"
-  nohup java -Xms256m "-Xmx$ONCEFLOW_KAFKA_HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
-    "-Dlog4j2.configurationFile=$ONCEFLOW_ROOT/infra/kafka/log4j2.yaml" \
-    -cp "$(classpath)" kafka.Kafka "$CONF" >>"$LOG" 2>&1 < /dev/null &
-  echo $! > "$PIDFILE"
-  onceflow_wait_for Kafka "$PIDFILE" 120 "$LOG" answers
-  onceflow_say "Kafka is up (pid $(cat "$PIDFILE"))"
+  for ((n = 1; n <= BROKERS; n++)); do launch "$n"; done
+  for ((n = 1; n <= BROKERS; n++)); do wait_up "$n"; done
+  [ "$BROKERS" = 1 ] || onceflow_say "Kafka cluster of $BROKERS brokers is up on $ONCEFLOW_KAFKA_BOOTSTRAP"
 }
 
-# Kafka's own command-line tools against the local broker, e.g.
+# Kafka's own command-line tools against the local cluster, e.g.
 #   infra/kafka.sh consumer-groups --describe --group onceflow-orders
+#   infra/kafka.sh transactions describe --transactional-id onceflow-orders-out-s0
+#   infra/kafka.sh metadata-quorum describe --status
 tool() {
   local class
   case "$1" in
     consumer-groups) class=org.apache.kafka.tools.consumer.group.ConsumerGroupCommand ;;
     topics) class=kafka.admin.TopicCommand ;;
-    *) onceflow_die "unknown tool $1 (consumer-groups or topics)" ;;
+    transactions) class=org.apache.kafka.tools.TransactionsCommand ;;
+    metadata-quorum) class=org.apache.kafka.tools.MetadataQuorumCommand ;;
+    *) onceflow_die "unknown tool $1 (consumer-groups, topics, transactions or metadata-quorum)" ;;
   esac
   shift
   [ -f "$LIBS/.complete" ] || jars
@@ -116,10 +223,36 @@ tool() {
     --bootstrap-server "$ONCEFLOW_KAFKA_BOOTSTRAP" "$@"
 }
 
+signal_of() { if [ "${1:-}" = "--kill" ]; then printf 'KILL'; else printf 'TERM'; fi; }
+
 stop() {
-  local signal=TERM
-  [ "${1:-}" = "--kill" ] && signal=KILL
-  onceflow_stop_pid Kafka "$PIDFILE" 60 "$signal"
+  local signal n
+  signal=$(signal_of "${1:-}")
+  if [ "$BROKERS" = 1 ]; then
+    onceflow_stop_pid Kafka "$(pidfile_of 1)" 60 "$signal"
+    return
+  fi
+  # All at once: stopped one by one, the last brokers would wait for a controller quorum that is gone.
+  for ((n = 1; n <= BROKERS; n++)); do
+    onceflow_stop_pid "$(what_of "$n")" "$(pidfile_of "$n")" 30 "$signal" &
+  done
+  wait
+}
+
+# The broker number of `start-broker N` / `stop-broker N`, checked.
+broker_arg() {
+  case "${1:-}" in
+    '' | *[!0-9]*) onceflow_die "expected a broker number 1..$BROKERS, got '${1:-}'" ;;
+  esac
+  [ "$1" -ge 1 ] && [ "$1" -le "$BROKERS" ] || onceflow_die "broker $1: the cluster has brokers 1..$BROKERS (ONCEFLOW_KAFKA_BROKERS)"
+  printf '%s' "$1"
+}
+
+status() {
+  local n
+  for ((n = 1; n <= BROKERS; n++)); do
+    answers "$n" && running "$n" || return 1
+  done
 }
 
 case "${1:-}" in
@@ -127,7 +260,15 @@ case "${1:-}" in
   start) start ;;
   stop) shift; stop "$@" ;;
   restart) stop; start ;;
-  status) answers && running ;;
-  consumer-groups|topics) tool "$@" ;;
-  *) echo "usage: $0 jars|start|stop [--kill]|restart|status|consumer-groups ARGS|topics ARGS" >&2; exit 2 ;;
+  status) status ;;
+  start-broker) n=$(broker_arg "${2:-}"); jars; launch "$n"; wait_up "$n" ;;
+  stop-broker)
+    n=$(broker_arg "${2:-}")
+    onceflow_stop_pid "$(what_of "$n")" "$(pidfile_of "$n")" 60 "$(signal_of "${3:-}")"
+    ;;
+  consumer-groups | topics | transactions | metadata-quorum) tool "$@" ;;
+  *)
+    echo "usage: $0 jars|start|stop [--kill]|restart|status|start-broker N|stop-broker N [--kill]|consumer-groups ARGS|topics ARGS|transactions ARGS|metadata-quorum ARGS" >&2
+    exit 2
+    ;;
 esac

@@ -47,7 +47,7 @@ def _create_topics(bootstrap: str, topics: Mapping[str, int]) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = [NewTopic(t, num_partitions=n, replication_factor=1) for t, n in topics.items()]
+    new = [NewTopic(t, num_partitions=n) for t, n in topics.items()]  # replicas: the cluster default
     for topic, future in admin.create_topics(new).items():
         future.result(30)
         _say(f"created topic {topic}")

@@ -54,7 +54,7 @@ def make_topic(kafka_admin) -> Iterator[Callable[..., str]]:  # type: ignore[no-
     def make(prefix: str = "t", partitions: int = 1, **config: str) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
         futures = kafka_admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)]
+            [NewTopic(name, num_partitions=partitions, config=config)]  # replicas: the cluster default
         )
         futures[name].result(timeout=30)
         created.append(name)
