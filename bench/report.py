@@ -69,6 +69,11 @@ def epoch_steps(results: dict[str, Any], backend: str) -> dict[str, list[float]]
     return steps
 
 
+def _power(size: str) -> str:
+    """ "10^6" for "1000000"."""
+    return f"10^{len(size) - 1}" if size.strip("0") == "1" else f"{int(size):,}"
+
+
 def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(target, measured, verdict) rows."""
     rows = []
@@ -95,12 +100,18 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 "met" if m >= 0.9 else "MISSED",
             )
         )
-    if "1000000" in tp and "files" in tp["1000000"][0]:
-        m = median(ratios(r)["files_vs_limit"] for r in tp["1000000"])
+    # The sustained targets, at 10^6 and at 10^7 (the issue's own size) wherever they were measured.
+    sustained = [size for size in ("1000000", "10000000") if size in tp and "files" in tp[size][0]]
+    for size in sustained:
+        m = median(ratios(r)["files_vs_limit"] for r in tp[size])
         rows.append(
-            ("pipeline ≥ 0.5× the limit at 10^6 records", f"{m:.3f}×", "met" if m >= 0.5 else "MISSED")
+            (
+                f"pipeline ≥ 0.5× the limit at {_power(size)} records",
+                f"{m:.3f}×",
+                "met" if m >= 0.5 else "MISSED",
+            )
         )
-    else:
+    if not sustained:
         rows.append(("pipeline ≥ 0.5× the limit at 10^6 records", "not measured", "not measured"))
     cost = results.get("commit_cost", {})
     for kind in ("postgres_2pc", "files"):
@@ -118,14 +129,14 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     "not measured at 10^7",
                 )
             )
-    if "1000000" in tp and "files" in tp["1000000"][0]:
+    for size in sustained:
         for peer, key in (("Spark Structured Streaming", "files_vs_sss"), ("quix-streams", "files_vs_quix")):
-            values = [ratios(r)[key] for r in tp["1000000"] if not math.isnan(ratios(r)[key])]
+            values = [ratios(r)[key] for r in tp[size] if not math.isnan(ratios(r)[key])]
             if values:
                 m = median(values)
                 rows.append(
                     (
-                        f"pipeline ≥ 1.2× {peer} at 10^6 records",
+                        f"pipeline ≥ 1.2× {peer} at {_power(size)} records",
                         f"{m:.3f}× ({spread(values)})",
                         "met" if m >= 1.2 else "MISSED",
                     )
