@@ -18,10 +18,12 @@ import contextlib
 import json
 import re
 import struct
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from onceflow.errors import ConfigError
 from onceflow.faults import crash_point
@@ -49,6 +51,10 @@ KIND = "kafka"
 RECORDS = "records.bin"
 _LENGTH = struct.Struct(">i")
 VALUE_FORMATS = ("raw", "json")
+# How long past ``timeout_s`` a broker call may run before the sink stops waiting for it.
+TIMEOUT_MARGIN_S = 5.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -200,6 +206,48 @@ def slice_until_offsets(committables: Sequence[Committable]) -> dict[tuple[str, 
     return until
 
 
+class KafkaUnreachable(SinkError):
+    """A broker call of the commit got no answer within ``timeout_s``: the commit fails, to be retried."""
+
+
+def within(what: str, bootstrap: str, timeout_s: float, call: Callable[[], T]) -> T:
+    """``call()``, or `KafkaUnreachable` once ``timeout_s`` (plus a margin) has passed.
+
+    librdkafka honours its own timeouts except where a request waits for a coordinator that is down:
+    ``send_offsets_to_transaction`` then blocks until the broker comes back, whatever its timeout
+    (librdkafka issue 5456), which held a decided epoch, and its prepared transactions, for as long as
+    the broker was dead. So each call runs in a worker thread that is abandoned at the deadline; it holds
+    the producer, whose open transaction the next ``init_transactions`` of the same id aborts.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append((False, exc))
+
+    worker = threading.Thread(target=run, name=f"kafka-sink-{what}", daemon=True)
+    worker.start()
+    worker.join(timeout_s + TIMEOUT_MARGIN_S)
+    timed_out = not outcome
+    if outcome and not outcome[0][0]:
+        exc = outcome[0][1]
+        error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        if not (isinstance(error, KafkaError) and error.code() == KafkaError._TIMED_OUT):
+            raise exc
+        timed_out = True
+    if timed_out:
+        raise KafkaUnreachable(
+            f"{KIND} sink: {what} got no answer from {bootstrap} within {timeout_s:g} s (sink setting "
+            "timeout_s); the epoch stays decided, and the next commit or recover completes the slice once "
+            "Kafka answers"
+        )
+    return outcome[0][1]  # type: ignore[no-any-return]
+
+
 class KafkaWriter(StagedFileWriter):
     """Stages the task's records in a length-prefixed file; nothing reaches Kafka before commit."""
 
@@ -276,13 +324,20 @@ class KafkaCommitter:
                 self.config.bootstrap,
                 {
                     "transactional.id": transactional_id(first.pipeline, first.sink, first.slice),
+                    # What transactions imply anyway, said outright: on a replicated cluster a record
+                    # counts as written once every in-sync replica has it (min.insync.replicas).
+                    "acks": "all",
                     "transaction.timeout.ms": self.config.transaction_timeout_ms,
                     "partitioner": self.config.partitioner,
                 },
             )
         )
         timeout = float(self.config.timeout_s)
-        producer.init_transactions(timeout)
+
+        def bounded(what: str, call: Callable[[], T]) -> T:
+            return within(what, self.config.bootstrap, timeout, call)
+
+        bounded("init_transactions", lambda: producer.init_transactions(timeout))
         if self._published(first.pipeline, until):
             return
         files = [self._staged_file(c) for c in group]
@@ -293,12 +348,16 @@ class KafkaCommitter:
             producer.flush(timeout)
             self._hook("kafka.produced")
             positions = [TopicPartition(t, p, offset) for (t, p), offset in sorted(until.items())]
-            producer.send_offsets_to_transaction(positions, self._group_metadata(first.pipeline), timeout)
+            metadata = self._group_metadata(first.pipeline)
+            bounded(
+                "send_offsets_to_transaction",
+                lambda: producer.send_offsets_to_transaction(positions, metadata, timeout),
+            )
             self._hook("kafka.offsets_sent")
-            producer.commit_transaction(timeout)
+            bounded("commit_transaction", lambda: producer.commit_transaction(timeout))
         except BaseException:
             with contextlib.suppress(Exception):  # else the next init_transactions aborts it
-                producer.abort_transaction(timeout)
+                bounded("abort_transaction", lambda: producer.abort_transaction(timeout))
             raise
         self._hook("kafka.committed")
 
@@ -318,11 +377,19 @@ class KafkaCommitter:
     def _produce(self, producer: Producer, path: Path) -> None:
         partition = -1 if self.config.partition is None else self.config.partition  # -1: the partitioner
         for key, value in read_records(path):
+            full_since = None
             while True:
                 try:
                     producer.produce(self.config.topic, value=value, key=key, partition=partition)
                     break
                 except BufferError:
+                    full_since = full_since or time.monotonic()
+                    if time.monotonic() - full_since > self.config.timeout_s:
+                        raise KafkaUnreachable(
+                            f"{KIND} sink: produce to {self.config.topic} got no delivery from "
+                            f"{self.config.bootstrap} within {self.config.timeout_s} s (sink setting "
+                            "timeout_s): the local queue stayed full; the slice is not published"
+                        ) from None
                     producer.poll(0.5)  # the local queue is full: let deliveries drain it
 
     def _consumer_config(self, pipeline: str) -> dict[str, Any]:
@@ -350,12 +417,17 @@ class KafkaCommitter:
         """The group's committed offsets (-1 where none), read with require-stable semantics."""
         from confluent_kafka import Consumer, TopicPartition
 
-        consumer = Consumer(self._consumer_config(pipeline))
-        try:
-            wanted = [TopicPartition(t, p) for t, p in partitions]
-            found = consumer.committed(wanted, float(self.config.timeout_s))
-        finally:
-            consumer.close()
+        wanted = [TopicPartition(t, p) for t, p in partitions]
+        timeout = float(self.config.timeout_s)
+
+        def read() -> Any:  # the consumer's whole life in the call: an abandoned one is not closed under it
+            consumer = Consumer(self._consumer_config(pipeline))
+            try:
+                return consumer.committed(wanted, timeout)
+            finally:
+                consumer.close()
+
+        found = within("reading the committed offsets", self.config.bootstrap, timeout, read)
         return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else -1 for tp in found}
 
     def _published(self, pipeline: str, until: Mapping[tuple[str, int], int]) -> bool:
@@ -466,7 +538,14 @@ SINK_KIND = SinkKind(
             "Kafka sink of a pipeline its own",
             default_from="`onceflow-<pipeline>`",
         ),
-        SinkSetting("timeout_s", "integer", "seconds per broker operation", default=30, minimum=1),
+        SinkSetting(
+            "timeout_s",
+            "integer",
+            "seconds per broker operation; a commit whose call gets no answer in this time fails (the epoch "
+            "stays decided, and the next commit or recover publishes it)",
+            default=30,
+            minimum=1,
+        ),
         SinkSetting(
             "value_format",
             "string",
