@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench local_stack)
 
-.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults bench bench-coordination clean
+.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults soak bench bench-coordination clean
 
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
@@ -21,6 +21,7 @@ help:
 	@echo "make airflow-ui     airflow standalone (UI on http://localhost:8080) on the local stack and DAGs"
 	@echo "make lint           ruff and mypy"
 	@echo "make faults         a long seeded fault run (N=200 SEED=7 EXECUTOR=local|submit); tests/faults/out/"
+	@echo "make soak           every sink kind under load and a fault a minute (MINUTES=60 SEED=7); tests/faults/out/"
 	@echo "make bench          benchmarks -> bench/report.md (BENCH_ARGS=\"--full\" adds 10^7 records)"
 	@echo "make bench-coordination  ledger + coordinator at 1,000 partitions / 512 participants, 100 pipelines"
 
@@ -85,6 +86,12 @@ faults: venv jars
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m tests.faults --faults $(N) --executor $(EXECUTOR) \
 	  $(if $(SEED),--seed $(SEED))
+
+# The soak (tests/faults/soak.py): report soak-SEED.{md,json,png}; the bench extra brings matplotlib for the plot.
+MINUTES ?= 60
+soak: $(BENCH_STAMP) jars
+	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m tests.faults.soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED))
 
 unit: venv
 	@PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -1,0 +1,45 @@
+"""The soak's bookkeeping: records whose producer transaction had an unknown outcome are settled from the
+committed input, and only the ledger gaps retention made are excused from the contiguity check."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import pytest
+
+from onceflow.config import Settings
+from tests.faults.soak import Soak, without_retention_gaps
+from tests.faults.workload import Workload
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+
+def test_maybe_records_are_expected_once_if_committed_and_nowhere_if_not(
+    settings: Settings, make_topic: Callable[..., str]
+) -> None:
+    workload = Workload(make_topic("soak-maybe", partitions=3), 3)
+    workload.produce(settings.kafka_bootstrap, 30, aborted=3, bad=("wrong_type", "oversized"))
+    good, bad = dict(workload.good), dict(workload.bad)
+    # As after a commit that timed out: the producer never learnt these records' fate.
+    for record_id in range(10, 15):
+        del workload.good[record_id]
+    del workload.bad[next(p for p, reason in bad.items() if reason == "wrong_type")]
+    producer = types.SimpleNamespace(
+        maybe_ids={10, 11, 12, 13, 14, 999, 1_000_000}, maybe_bad=["wrong_type", "malformed_json"]
+    )
+    soak = types.SimpleNamespace(producer=producer, workload=workload, settings=settings)
+    Soak.resolve_maybe(soak)  # type: ignore[arg-type]
+    assert workload.good == good  # committed ones found at their positions; 999 and aborted ids not
+    assert workload.bad == bad
+    assert soak.maybe_committed == 6
+
+
+def test_only_gaps_that_retention_made_are_excused() -> None:
+    problems = [
+        "right after recover: epoch 11 starts in-x[0]@[738,809) at 738, not at 591",
+        "epoch 12 starts in-x[1]@[5,9) at 5, not at 4",
+        "prepared transactions left: ['onceflow:p:1']",
+    ]
+    assert without_retention_gaps(problems, {11}) == problems[1:]
+    assert without_retention_gaps(problems, set()) == problems
