@@ -117,7 +117,8 @@ def test_processes_of_one_pipeline_join_one_session_and_leave_no_python_workers_
         joined += re.findall(r"joined the Spark Connect session (\S+)", done.stderr)
         workers.append(_python_workers(runtime))
     assert len(joined) == 3 and len(set(joined)) == 1, joined
-    assert workers[0] > 0 and workers[-1] == workers[0], workers
+    # Idle workers may end; none may be added (a session per process: 40 -> 42 -> 46 here).
+    assert workers[0] > 0 and max(workers[1:]) <= workers[0], workers
     expected = sorted(o["id"] for n in range(3) for o in orders(100 * n, 20) if o["amount"] > 0)
     assert delivered_ids(pg_connect, stack) == (expected, expected)
 
