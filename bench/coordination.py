@@ -50,6 +50,7 @@ import psycopg
 from sqlalchemy import event, insert
 
 from bench.ledgers import postgres_ledger, sqlite_ledger
+from bench.report import write_section
 from onceflow.committables import Committable
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator, retention_interval
@@ -479,16 +480,6 @@ def _rows(counts: dict[str, int]) -> str:
     return f"{counts['epochs']:,} epochs ({sum(counts.values()):,} rows)"
 
 
-def write_section(report: Path, text: str) -> None:
-    current = report.read_text(encoding="utf-8") if report.exists() else ""
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        current = head + text + rest.split(END, 1)[1]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    report.write_text(current, encoding="utf-8")
-
-
 # ------------------------------------------------------------------------------------------ main
 
 
@@ -572,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = section(results)
     print(text)
     if args.report is not None:
-        write_section(args.report, text)
+        write_section(args.report, text, BEGIN, END)
     return 0
 
 

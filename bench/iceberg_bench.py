@@ -31,6 +31,7 @@ from typing import Any
 
 from bench import commit_cost
 from bench.dataset import PARTITIONS
+from bench.report import write_section
 from onceflow.config import Settings
 from onceflow.sinks import build_committer, build_writer
 from onceflow.sinks.base import TaskContext, supports_batches
@@ -213,16 +214,6 @@ def run(sizes: list[int], runs: int, settings: Settings, pipeline_records: int =
     return "\n".join(lines)
 
 
-def write_section(report: Path, section: str) -> None:
-    text = report.read_text(encoding="utf-8") if report.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    report.write_text(text, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.iceberg_bench", description=__doc__)
     parser.add_argument("--sizes", default="1e4,1e5,1e6", help="epoch sizes in rows, comma-separated")
@@ -239,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     section = run(sizes, args.runs, Settings.from_env(), args.pipeline_records)
     print(section)
     if args.report is not None:
-        write_section(args.report, section)
+        write_section(args.report, section, BEGIN, END)
     return 0
 
 

@@ -612,6 +612,18 @@ def write(results: dict[str, Any], out: Path) -> None:
 _SECTION = re.compile(r"^<!-- ([a-z0-9-]+) -->\n.*?^<!-- /\1 -->\n?", re.MULTILINE | re.DOTALL)
 
 
+def write_section(report: Path, section: str, begin: str, end: str) -> None:
+    """Put ``section`` (which starts with ``begin`` and ends with ``end``) into ``report``: in place of
+    the text between those markers, or at the end when the report has none yet."""
+    text = report.read_text(encoding="utf-8") if report.exists() else ""
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    report.write_text(text, encoding="utf-8")
+
+
 def kept_sections(previous: str, new: str) -> str:
     """The marked sections of the previous report that the new one does not have."""
     kept = [m.group(0) for m in _SECTION.finditer(previous) if f"<!-- {m.group(1)} -->" not in new]

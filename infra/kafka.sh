@@ -63,29 +63,20 @@ voters() {
 
 # Replication of topics and internal state: 1 on one broker, 3 with min.insync.replicas=2 on a cluster.
 replication() {
-  if [ "$BROKERS" = 1 ]; then
-    cat <<CONF
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=8
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=8
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-CONF
-  else
-    cat <<CONF
-default.replication.factor=3
-min.insync.replicas=2
-offsets.topic.replication.factor=3
-offsets.topic.num.partitions=8
-transaction.state.log.replication.factor=3
-transaction.state.log.min.isr=2
-transaction.state.log.num.partitions=8
-share.coordinator.state.topic.replication.factor=3
-share.coordinator.state.topic.min.isr=2
-CONF
+  local replicas=1 isr=1
+  if [ "$BROKERS" != 1 ]; then
+    replicas=3 isr=2
+    printf 'default.replication.factor=3\nmin.insync.replicas=2\n'
   fi
+  cat <<CONF
+offsets.topic.replication.factor=$replicas
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=$replicas
+transaction.state.log.min.isr=$isr
+transaction.state.log.num.partitions=8
+share.coordinator.state.topic.replication.factor=$replicas
+share.coordinator.state.topic.min.isr=$isr
+CONF
 }
 
 write_config() {
