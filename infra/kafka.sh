@@ -6,6 +6,7 @@
 #   infra/kafka.sh start     format storage on first start, start every broker, wait until each answers
 #   infra/kafka.sh stop      stop every broker by pid (SIGTERM, then SIGKILL); `stop --kill` sends SIGKILL
 #   infra/kafka.sh status    exit 0 when every broker answers
+#   infra/kafka.sh config [N]   print broker N's server.properties (default 1) as start writes it
 #   infra/kafka.sh start-broker N            start broker N of the cluster alone (the others keep running)
 #   infra/kafka.sh stop-broker N [--kill]    stop broker N alone
 #   infra/kafka.sh consumer-groups|topics|transactions|metadata-quorum ARGS   Kafka's own tools
@@ -79,11 +80,11 @@ share.coordinator.state.topic.min.isr=$isr
 CONF
 }
 
-write_config() {
+# Broker N's server.properties, on stdout.
+render_config() {
   local n=$1 dir port cport
   dir=$(dir_of "$n"); port=$(port_of "$n"); cport=$(controller_port_of "$n")
-  mkdir -p "$dir/log"
-  cat > "$(conf_of "$n")" <<CONF
+  cat <<CONF
 # Written by infra/kafka.sh; edit ONCEFLOW_KAFKA_* variables instead.
 process.roles=broker,controller
 node.id=$n
@@ -101,7 +102,12 @@ $(replication)
 transaction.max.timeout.ms=3600000
 group.initial.rebalance.delay.ms=0
 CONF
-  extra_config >> "$(conf_of "$n")"
+  extra_config
+}
+
+write_config() {
+  mkdir -p "$(dir_of "$1")/log"
+  render_config "$1" > "$(conf_of "$1")"
 }
 
 # ONCEFLOW_KAFKA_CONF's key=value pairs, one a line (a later line wins over an earlier one).
@@ -252,6 +258,7 @@ case "${1:-}" in
   stop) shift; stop "$@" ;;
   restart) stop; start ;;
   status) status ;;
+  config) n=$(broker_arg "${2:-1}"); render_config "$n" ;;
   start-broker) n=$(broker_arg "${2:-}"); jars; launch "$n"; wait_up "$n" ;;
   stop-broker)
     n=$(broker_arg "${2:-}")
@@ -259,7 +266,7 @@ case "${1:-}" in
     ;;
   consumer-groups | topics | transactions | metadata-quorum) tool "$@" ;;
   *)
-    echo "usage: $0 jars|start|stop [--kill]|restart|status|start-broker N|stop-broker N [--kill]|consumer-groups ARGS|topics ARGS|transactions ARGS|metadata-quorum ARGS" >&2
+    echo "usage: $0 jars|start|stop [--kill]|restart|status|config [N]|start-broker N|stop-broker N [--kill]|consumer-groups ARGS|topics ARGS|transactions ARGS|metadata-quorum ARGS" >&2
     exit 2
     ;;
 esac

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -22,6 +24,17 @@ def compose() -> dict[str, Any]:
 def _env_sh_variables() -> set[str]:
     text = (ROOT / "infra" / "env.sh").read_text()
     return set(re.findall(r"^export (ONCEFLOW_[A-Z_]+)=", text, flags=re.MULTILINE))
+
+
+def _local_broker_config(brokers: int = 1) -> dict[str, str]:
+    """server.properties exactly as infra/kafka.sh writes it for broker 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+    env["ONCEFLOW_KAFKA_BROKERS"] = str(brokers)
+    script = ROOT / "infra" / "kafka.sh"
+    out = subprocess.run(
+        ["bash", str(script), "config"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if line and not line.startswith("#"))
 
 
 def test_topology_has_every_service(compose) -> None:
@@ -74,9 +87,16 @@ def test_kafka_and_postgres_settings_match_what_exactly_once_needs(compose) -> N
     assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert int(kafka["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"]) == 1
     assert int(kafka["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"]) == 1
-    local_kafka = (ROOT / "infra" / "kafka.sh").read_text()
-    assert "transaction.state.log.min.isr=1" in local_kafka
-    assert f"transaction.max.timeout.ms={kafka['KAFKA_TRANSACTION_MAX_TIMEOUT_MS']}" in local_kafka
+    cluster = _local_broker_config(brokers=3)
+    assert cluster["transaction.state.log.replication.factor"] == "3"
+    assert cluster["transaction.state.log.min.isr"] == cluster["min.insync.replicas"] == "2"
+    # The image maps KAFKA_A_B to a.b; where the two run the same broker, every setting must agree.
+    where = {"node.id", "controller.quorum.voters", "listeners", "advertised.listeners", "log.dirs"}
+    where |= {"listener.security.protocol.map"}  # compose adds a HOST listener for clients outside
+    in_compose = {k[6:].lower().replace("_", "."): str(v) for k, v in kafka.items() if k.startswith("KAFKA_")}
+    in_compose = {k: v for k, v in in_compose.items() if k not in where}
+    local = {k: v for k, v in _local_broker_config().items() if k not in where}
+    assert in_compose == local
 
     command = " ".join(compose["services"]["postgres"]["command"])
     match = re.search(r"max_prepared_transactions=\$\{ONCEFLOW_PG_MAX_PREPARED:-(\d+)\}", command)
