@@ -26,13 +26,13 @@ def _env_sh_variables() -> set[str]:
     return set(re.findall(r"^export (ONCEFLOW_[A-Z_]+)=", text, flags=re.MULTILINE))
 
 
-def _local_broker_config(brokers: int = 1) -> dict[str, str]:
-    """server.properties exactly as infra/kafka.sh writes it for broker 1."""
+def _local_broker_config(brokers: int = 1, node: int = 1) -> dict[str, str]:
+    """server.properties exactly as infra/kafka.sh writes it for broker NODE."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
     env["ONCEFLOW_KAFKA_BROKERS"] = str(brokers)
     script = ROOT / "infra" / "kafka.sh"
     out = subprocess.run(
-        ["bash", str(script), "config"], env=env, capture_output=True, text=True, check=True
+        ["bash", str(script), "config", str(node)], env=env, capture_output=True, text=True, check=True
     ).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if line and not line.startswith("#"))
 
@@ -386,3 +386,83 @@ def test_the_spark_connect_server_runs_as_the_local_scripts_run_it(compose) -> N
     conn = compose["x-airflow"]["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]
     assert '"conn_type": "spark_connect"' in conn and '"host": "sc://spark-connect"' in conn
     assert '"port": 15002' in conn
+
+
+# ---------------------------------------------------------------------------------------------------
+# docker-compose.cluster.yml, merged over docker-compose.yml as `docker compose -f … -f …` merges them.
+
+
+class _Override(list):  # type: ignore[type-arg]
+    """A sequence tagged ``!override``: it replaces the one it merges over instead of extending it."""
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    pass
+
+
+_ComposeLoader.add_constructor("!override", lambda loader, node: _Override(loader.construct_sequence(node)))
+
+
+def _load(name: str) -> dict[str, Any]:
+    return yaml.load((ROOT / name).read_text(), Loader=_ComposeLoader)
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(over, _Override):
+        return list(over)
+    if isinstance(base, dict) and isinstance(over, dict):
+        return base | {key: _merge(base[key], value) if key in base else value for key, value in over.items()}
+    if isinstance(base, list) and isinstance(over, list):
+        return base + [item for item in over if item not in base]
+    return over
+
+
+def _cluster_compose() -> dict[str, Any]:
+    base, over = _load("docker-compose.yml"), _load("docker-compose.cluster.yml")
+    merged = _merge(base, {k: v for k, v in over.items() if k != "services"})
+    services = merged["services"]
+    for name, service in over["services"].items():
+        service = dict(service)
+        extends = service.pop("extends", None)
+        if extends:
+            assert extends["file"] == "docker-compose.yml"
+            services[name] = _merge(base["services"][extends["service"]], service)
+        else:
+            assert name in services, f"docker-compose.cluster.yml: {name} is in neither file"
+            services[name] = _merge(services[name], service)
+    return merged
+
+
+def test_the_compose_cluster_runs_the_brokers_the_local_cluster_runs() -> None:
+    services = _cluster_compose()["services"]
+    brokers = {
+        int(s["environment"]["KAFKA_NODE_ID"]): name
+        for name, s in services.items()
+        if "KAFKA_NODE_ID" in s.get("environment", {})
+    }
+    assert sorted(brokers) == [1, 2, 3]
+    voters = f"1@{brokers[1]}:9093,2@{brokers[2]}:9093,3@{brokers[3]}:9093"
+    where = {"node.id", "controller.quorum.voters", "listeners", "advertised.listeners", "log.dirs"}
+    where |= {"listener.security.protocol.map"}
+    for node, name in brokers.items():
+        env = services[name]["environment"]
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == voters
+        assert env["CLUSTER_ID"] == services["kafka"]["environment"]["CLUSTER_ID"]
+        in_compose = {
+            k[6:].lower().replace("_", "."): str(v) for k, v in env.items() if k.startswith("KAFKA_")
+        }
+        local = _local_broker_config(brokers=3, node=node)
+        assert {k: v for k, v in in_compose.items() if k not in where} == {
+            k: v for k, v in local.items() if k not in where
+        }, name
+        # Clients on the host reach broker n where they reach it locally.
+        host_port = re.search(r":(\d+)$", local["advertised.listeners"]).group(1)
+        assert interpolate(env["KAFKA_ADVERTISED_LISTENERS"], {}).endswith(f"HOST://localhost:{host_port}")
+        assert interpolate(services[name]["ports"][0], {}) == f"{host_port}:{host_port}"
+        assert env["KAFKA_ADVERTISED_LISTENERS"].startswith(f"PLAINTEXT://{name}:9092,")
+    volumes = [services[name]["volumes"][0].split(":")[0] for name in brokers.values()]
+    assert len(set(volumes)) == 3 and set(volumes) <= set(_cluster_compose()["volumes"])
+    for name, service in services.items():
+        bootstrap = service.get("environment", {}).get("ONCEFLOW_KAFKA_BOOTSTRAP")
+        if bootstrap is not None:
+            assert sorted(bootstrap.split(",")) == sorted(f"{b}:9092" for b in brokers.values()), name
