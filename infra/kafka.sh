@@ -159,6 +159,20 @@ answers() {
 
 running() { kill -0 "$(cat "$(pidfile_of "$1")" 2>/dev/null)" 2>/dev/null; }
 
+# Pid files of the other layout (the cluster's when BROKERS=1, the single broker's otherwise) whose
+# process is alive: ONCEFLOW_KAFKA_BROKERS changed while Kafka ran.
+other_layout() {
+  local pidfile
+  if [ "$BROKERS" = 1 ]; then
+    set -- "$ONCEFLOW_KAFKA_DATA"/broker-*/kafka.pid
+  else
+    set -- "$ONCEFLOW_KAFKA_DATA/kafka.pid"
+  fi
+  for pidfile in "$@"; do
+    if kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null; then printf '%s\n' "$pidfile"; fi
+  done
+}
+
 # Launch broker N unless it runs already (no waiting: a cluster's brokers only answer once a quorum is up).
 launch() {
   local n=$1 port log pidfile
@@ -187,8 +201,13 @@ wait_up() {
 }
 
 start() {
+  local n others
+  others=$(other_layout)
+  if [ -n "$others" ]; then
+    if [ "$BROKERS" = 1 ]; then others="a cluster"; else others="a single broker"; fi
+    onceflow_die "Kafka runs as $others in $ONCEFLOW_KAFKA_DATA, not ONCEFLOW_KAFKA_BROKERS=$BROKERS; stop it first (infra/kafka.sh stop)"
+  fi
   jars
-  local n
   if [ "$BROKERS" != 1 ]; then  # a first start formats every broker's storage at once (a JVM each)
     cluster_id >/dev/null
     for ((n = 1; n <= BROKERS; n++)); do
@@ -223,16 +242,22 @@ tool() {
 signal_of() { if [ "${1:-}" = "--kill" ]; then printf 'KILL'; else printf 'TERM'; fi; }
 
 stop() {
-  local signal n
+  local signal n pidfile
   signal=$(signal_of "${1:-}")
+  for pidfile in $(other_layout); do  # whatever runs here goes, whichever ONCEFLOW_KAFKA_BROKERS started it
+    case "$pidfile" in
+      */broker-*/kafka.pid) onceflow_stop_pid "Kafka $(basename "$(dirname "$pidfile")")" "$pidfile" 30 "$signal" & ;;
+      *) onceflow_stop_pid "Kafka (single broker)" "$pidfile" 60 "$signal" & ;;
+    esac
+  done
   if [ "$BROKERS" = 1 ]; then
     onceflow_stop_pid Kafka "$(pidfile_of 1)" 60 "$signal"
-    return
+  else
+    # All at once: stopped one by one, the last brokers would wait for a controller quorum that is gone.
+    for ((n = 1; n <= BROKERS; n++)); do
+      onceflow_stop_pid "$(what_of "$n")" "$(pidfile_of "$n")" 30 "$signal" &
+    done
   fi
-  # All at once: stopped one by one, the last brokers would wait for a controller quorum that is gone.
-  for ((n = 1; n <= BROKERS; n++)); do
-    onceflow_stop_pid "$(what_of "$n")" "$(pidfile_of "$n")" 30 "$signal" &
-  done
   wait
 }
 
