@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import pytest
 from onceflow.ledger import Ledger
 from onceflow.topics import wait_for_leaders
 from tests.integration.engine.data import orders, produce
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -70,18 +70,12 @@ class Case:
     files: dict[str, str] = field(default_factory=dict)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def pg_without_2pc() -> Iterator[str]:
     """A second, real PostgreSQL server with PostgreSQL's default max_prepared_transactions=0."""
     bindir = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1]
     data = Path(tempfile.mkdtemp(prefix="onceflow-pg0-", dir="/var/tmp"))
-    port = _free_port()
+    port = free_port()
     as_owner: list[str] = []
     if os.geteuid() == 0:  # PostgreSQL refuses to run as root
         shutil.chown(data, "postgres", "postgres")

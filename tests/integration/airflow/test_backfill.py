@@ -8,7 +8,6 @@ interval (reprocess behaviour ``completed``) must change nothing and say so in t
 from __future__ import annotations
 
 import contextlib
-import socket
 import sqlite3
 import subprocess
 import time
@@ -22,6 +21,7 @@ from local_stack.local_airflow import migrate
 
 from onceflow.ledger import EpochStatus, Ledger
 from tests.integration.airflow.helpers import airflow, stop_process_groups
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,16 +29,10 @@ DAG = "onceflow_orders"
 HOUR = timedelta(hours=1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def scheduler_env(orders_stack, tmp_path: Path) -> Iterator[dict[str, str]]:
     """A fresh Airflow home with a running api-server and scheduler (the backfill's executor)."""
-    port = _free_port()
+    port = free_port()
     env = {
         **orders_stack.env,
         "AIRFLOW_HOME": str(tmp_path / "airflow"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from onceflow.decisions import abort_refusal
 from onceflow.ledger import EpochStatus, Ledger
 from tests.integration.airflow.helpers import stop_process_groups
 from tests.integration.engine.data import produce
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -52,12 +52,6 @@ class Console:
     topic: str
     ledger_url: str
     run_ids: tuple[str, str]  # the runs of epoch 1 (committed) and epoch 2 (planned)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:

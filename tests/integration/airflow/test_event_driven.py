@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import sqlite3
 import subprocess
 import time
@@ -24,17 +23,12 @@ from local_stack.local_airflow import migrate
 from onceflow.ledger import EpochStatus, Ledger
 from tests.conftest import ROOT
 from tests.integration.airflow.helpers import stop_process_groups
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DAG_ID = "onceflow_clicks_on_new_records"
 DAG_FILE = ROOT / "dags" / f"{DAG_ID}.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -48,7 +42,7 @@ def clicks(airflow_env, make_topic, pg_database, tmp_path: Path) -> Iterator[dic
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / DAG_FILE.name).symlink_to(DAG_FILE)
-    port = _free_port()
+    port = free_port()
     env = {
         **airflow_env,
         "AIRFLOW_HOME": str(tmp_path / "airflow"),

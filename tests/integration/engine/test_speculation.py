@@ -15,7 +15,6 @@ transaction rolled back by the commit, no staged file left, and recover finding 
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import load_pipeline
 from onceflow.sinks.postgres_2pc import GidParts, parse_gid
 from tests.integration.engine.data import delivered_ids, orders, produce
+from tests.ports import consecutive_free_ports, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,52 +48,19 @@ SPECULATION = (
 )
 
 
-def _free_ports(count: int) -> list[int]:
-    """Free loopback ports, held open together so that no two are the same."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _consecutive_free_ports(count: int) -> int:
-    """The first of ``count`` consecutive free ports (the master's UI and the workers' after it)."""
-    for _ in range(50):
-        first = _free_ports(1)[0]
-        if first + count > 65535:
-            continue
-        try:
-            held = []
-            for port in range(first, first + count):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise AssertionError(f"no {count} consecutive free ports")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SparkRuntime, str, Path]]:
     """A speculating cluster on two loopback hosts, its processes armed with the pause point: the
     runtime, its remote and the pause folder."""
     home = tmp_path_factory.mktemp("speculation")
     pause = home / "pause"
-    connect, master, ui = _free_ports(3)
+    connect, master, ui = free_ports(3)
     env = {
         **os.environ,
         "ONCEFLOW_SPARK_DATA": str(home / "spark"),
         "ONCEFLOW_SPARK_CONNECT_PORT": str(connect),
         "ONCEFLOW_SPARK_MASTER_PORT": str(master),
-        "ONCEFLOW_SPARK_MASTER_UI_PORT": str(_consecutive_free_ports(3)),
+        "ONCEFLOW_SPARK_MASTER_UI_PORT": str(consecutive_free_ports(3)),
         "ONCEFLOW_SPARK_UI_PORT": str(ui),
         "ONCEFLOW_SPARK_WORKER_HOSTS": "127.0.0.2 127.0.0.3",
         "ONCEFLOW_SPARK_CONF": SPECULATION,
