@@ -160,16 +160,20 @@ answers() {
 running() { kill -0 "$(cat "$(pidfile_of "$1")" 2>/dev/null)" 2>/dev/null; }
 
 # Pid files of the other layout (the cluster's when BROKERS=1, the single broker's otherwise) whose
-# process is alive: ONCEFLOW_KAFKA_BROKERS changed while Kafka ran.
+# process is a live broker of that file's config: ONCEFLOW_KAFKA_BROKERS changed while Kafka ran. (A
+# stale pid file whose pid now belongs to another process does not count.)
 other_layout() {
-  local pidfile
+  local pidfile pid
   if [ "$BROKERS" = 1 ]; then
     set -- "$ONCEFLOW_KAFKA_DATA"/broker-*/kafka.pid
   else
     set -- "$ONCEFLOW_KAFKA_DATA/kafka.pid"
   fi
   for pidfile in "$@"; do
-    if kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null; then printf '%s\n' "$pidfile"; fi
+    pid=$(head -n 1 "$pidfile" 2>/dev/null) || continue
+    case "$(ps -o args= -p "$pid" 2>/dev/null)" in
+      *kafka.Kafka\ "$(dirname "$pidfile")/server.properties"*) printf '%s\n' "$pidfile" ;;
+    esac
   done
 }
 
