@@ -37,6 +37,20 @@ def _local_broker_config(brokers: int = 1, node: int = 1) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if line and not line.startswith("#"))
 
 
+# Where a container and a local process run the same broker, only these settings may differ.
+TOPOLOGY = {"node.id", "controller.quorum.voters", "listeners", "advertised.listeners", "log.dirs"}
+TOPOLOGY |= {"listener.security.protocol.map"}  # compose adds a HOST listener for clients outside
+
+
+def _broker_settings(env: dict[str, Any]) -> dict[str, str]:
+    """The broker properties a compose environment gives: the image maps ``KAFKA_A_B`` to ``a.b``."""
+    return {k[6:].lower().replace("_", "."): str(v) for k, v in env.items() if k.startswith("KAFKA_")}
+
+
+def _shared(settings: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in settings.items() if k not in TOPOLOGY}
+
+
 def test_topology_has_every_service(compose) -> None:
     services = set(compose["services"])
     assert {"kafka", "postgres", "spark-master", "spark-worker"} | AIRFLOW_SERVICES <= services
@@ -90,13 +104,7 @@ def test_kafka_and_postgres_settings_match_what_exactly_once_needs(compose) -> N
     cluster = _local_broker_config(brokers=3)
     assert cluster["transaction.state.log.replication.factor"] == "3"
     assert cluster["transaction.state.log.min.isr"] == cluster["min.insync.replicas"] == "2"
-    # The image maps KAFKA_A_B to a.b; where the two run the same broker, every setting must agree.
-    where = {"node.id", "controller.quorum.voters", "listeners", "advertised.listeners", "log.dirs"}
-    where |= {"listener.security.protocol.map"}  # compose adds a HOST listener for clients outside
-    in_compose = {k[6:].lower().replace("_", "."): str(v) for k, v in kafka.items() if k.startswith("KAFKA_")}
-    in_compose = {k: v for k, v in in_compose.items() if k not in where}
-    local = {k: v for k, v in _local_broker_config().items() if k not in where}
-    assert in_compose == local
+    assert _shared(_broker_settings(kafka)) == _shared(_local_broker_config())
 
     command = " ".join(compose["services"]["postgres"]["command"])
     match = re.search(r"max_prepared_transactions=\$\{ONCEFLOW_PG_MAX_PREPARED:-(\d+)\}", command)
@@ -434,7 +442,8 @@ def _cluster_compose() -> dict[str, Any]:
 
 
 def test_the_compose_cluster_runs_the_brokers_the_local_cluster_runs() -> None:
-    services = _cluster_compose()["services"]
+    merged = _cluster_compose()
+    services = merged["services"]
     brokers = {
         int(s["environment"]["KAFKA_NODE_ID"]): name
         for name, s in services.items()
@@ -442,26 +451,19 @@ def test_the_compose_cluster_runs_the_brokers_the_local_cluster_runs() -> None:
     }
     assert sorted(brokers) == [1, 2, 3]
     voters = f"1@{brokers[1]}:9093,2@{brokers[2]}:9093,3@{brokers[3]}:9093"
-    where = {"node.id", "controller.quorum.voters", "listeners", "advertised.listeners", "log.dirs"}
-    where |= {"listener.security.protocol.map"}
     for node, name in brokers.items():
         env = services[name]["environment"]
         assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == voters
         assert env["CLUSTER_ID"] == services["kafka"]["environment"]["CLUSTER_ID"]
-        in_compose = {
-            k[6:].lower().replace("_", "."): str(v) for k, v in env.items() if k.startswith("KAFKA_")
-        }
         local = _local_broker_config(brokers=3, node=node)
-        assert {k: v for k, v in in_compose.items() if k not in where} == {
-            k: v for k, v in local.items() if k not in where
-        }, name
+        assert _shared(_broker_settings(env)) == _shared(local), name
         # Clients on the host reach broker n where they reach it locally.
         host_port = re.search(r":(\d+)$", local["advertised.listeners"]).group(1)
         assert interpolate(env["KAFKA_ADVERTISED_LISTENERS"], {}).endswith(f"HOST://localhost:{host_port}")
         assert interpolate(services[name]["ports"][0], {}) == f"{host_port}:{host_port}"
         assert env["KAFKA_ADVERTISED_LISTENERS"].startswith(f"PLAINTEXT://{name}:9092,")
     volumes = [services[name]["volumes"][0].split(":")[0] for name in brokers.values()]
-    assert len(set(volumes)) == 3 and set(volumes) <= set(_cluster_compose()["volumes"])
+    assert len(set(volumes)) == 3 and set(volumes) <= set(merged["volumes"])
     for name, service in services.items():
         bootstrap = service.get("environment", {}).get("ONCEFLOW_KAFKA_BOOTSTRAP")
         if bootstrap is not None:
