@@ -9,10 +9,11 @@
 1. One pipeline of ``--partitions`` input partitions and ``--participants`` (sink, task) participants
    (``--sinks`` sinks, registered by ``--slices`` slice drivers), on PostgreSQL and on SQLite, each epoch
    timed step by step: plan (the ledger reads `Coordinator.plan` makes, then `Ledger.plan_epoch`; Kafka's
-   metadata is not part of it), pre-commits (`Ledger.register_slice` once per slice, one after another),
-   decide (`Ledger.decide_commit`), commit (`Coordinator.commit`: participants committed and marked, the
-   epoch completed), then retention (`Ledger.retain`, kept apart). The ledger first holds ``--history``
-   committed epochs of the same shape, as a pipeline has in steady state under the default retention.
+   metadata is not part of it), pre-commits (`Ledger.precommit_slice` once per slice, one after another),
+   decide (`Ledger.record_commit_decision`), commit (`Coordinator.commit`: participants committed and
+   marked, the epoch completed), then retention (`Ledger.retain`, kept apart). The ledger first holds
+   ``--history`` committed epochs of the same shape, as a pipeline has in steady state under the default
+   retention.
    SQL statements per step are counted, to show where a step's time goes.
 2. ``--pipelines`` pipelines sharing one PostgreSQL ledger, each running ``--concurrent-epochs`` epochs
    at the same time as all the others (threads in ``--processes`` client processes, each pipeline with
@@ -53,11 +54,12 @@ from bench.ledgers import postgres_ledger, sqlite_ledger
 from bench.report import write_section
 from onceflow.committables import Committable
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator, retention_interval
+from onceflow.coordinator import Coordinator
 from onceflow.ledger import Ledger
 from onceflow.ledger.models import EpochOffsetRow, EpochRow, ParticipantRow, PipelineRow
 from onceflow.ledger.retention import RetentionPolicy
 from onceflow.offsets import OffsetRange
+from onceflow.retaining import retention_interval
 from onceflow.sinks._pg import NothingToCommit
 
 BEGIN = "<!-- coordination-bench -->"
@@ -231,9 +233,9 @@ def run_epoch(
     slices = shape.slices_of(pipeline, epoch.number)
     with counter.timed("precommit", times):
         for committables in slices:
-            ledger.register_slice(pipeline, epoch.number, epoch.attempt_token, committables)
+            ledger.precommit_slice(pipeline, epoch.number, epoch.attempt_token, committables)
     with counter.timed("decide", times):
-        ledger.decide_commit(pipeline, epoch.number)
+        ledger.record_commit_decision(pipeline, epoch.number)
     with counter.timed("commit", times):
         done = coordinator.commit(number=epoch.number)
     assert done is not None and done.status.value == "COMMITTED", done

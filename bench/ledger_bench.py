@@ -45,7 +45,7 @@ def run_epochs(ledger: Ledger, epochs: int, warmup: int, participants: int) -> l
             Committable(pipeline, epoch.number, 0, task, "a0", sink, record_count=1000)
             for sink, task in tasks
         ]
-        ledger.register_slice(pipeline, epoch.number, epoch.attempt_token, committables)
+        ledger.precommit_slice(pipeline, epoch.number, epoch.attempt_token, committables)
         Coordinator(ledger, pipeline, committers).commit(number=epoch.number)
         if n >= warmup:
             timings.append((time.perf_counter() - started) * 1000)

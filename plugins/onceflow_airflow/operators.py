@@ -36,16 +36,18 @@ from airflow.sdk.exceptions import (
 )
 
 from onceflow.cli import EXIT_REFUSED
-from onceflow.coordinator import Coordinator, EpochOwned, PlanResult, Refused, process_alive
+from onceflow.coordinator import Coordinator, EpochOwned
 from onceflow.engine.connect import connect_sessions, pipeline_modules, spark_remote
 from onceflow.engine.local_slice import run_slice_local
 from onceflow.engine.slice_job import run_slice
 from onceflow.engine.submit import application_args
 from onceflow.epoch_metrics import epoch_metrics, lag_metrics, step_metric
 from onceflow.errors import OnceflowError
-from onceflow.ledger import Ledger
+from onceflow.ledger import Ledger, Refused, SinkCallFailedKnown
 from onceflow.new_records import read_backlog
+from onceflow.owners import process_alive
 from onceflow.pipeline import Pipeline, load_pipeline
+from onceflow.step_results import PlanResult
 from onceflow_airflow.hooks import OnceflowHook
 from onceflow_airflow.lineage import operator_lineage
 from onceflow_airflow.metrics import emit
@@ -164,6 +166,8 @@ class _OnceflowOperator(BaseOperator):
                 failure = AirflowFailException(str(refused))
                 failure.onceflow_refusal = str(refused)  # type: ignore[attr-defined]
                 raise failure from None
+            except SinkCallFailedKnown as known:  # a retried task would fail the same way
+                raise AirflowFailException(str(known)) from known
 
 
 class OnceflowRecoverOperator(_OnceflowOperator):
@@ -291,13 +295,14 @@ class OnceflowProcessOperator(SparkSubmitOperator):
         settings = self.onceflow_hook.settings()
         with self.onceflow_hook.get_conn() as ledger:
             coordinator = Coordinator.for_pipeline(load_pipeline(self.pipeline), ledger, settings)
-            epoch, why = coordinator.slice_to_process(PlanResult.from_dict(planned), self.slice_number)
-            if epoch is not None:
-                coordinator.renew(epoch.number)
-        if epoch is None:
-            if "ABORTED" in why:
-                raise AirflowFailException(why + " (aborted; the next run replays its range)")
-            raise AirflowSkipException(why)
+            gate = coordinator.slice_to_process(PlanResult.from_dict(planned), self.slice_number)
+            if gate.verdict == "process" and gate.epoch is not None:
+                coordinator.renew_lease(gate.epoch.number)
+        if gate.verdict == "aborted":
+            raise AirflowFailException(gate.line)
+        if gate.verdict == "skip" or gate.epoch is None:
+            raise AirflowSkipException(gate.line)
+        epoch, why = gate.epoch, gate.line
         spec = load_pipeline(self.pipeline)
         in_task = self.slice_in_task(spec, epoch.attempt_token)
         if in_task is not None:

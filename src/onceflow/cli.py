@@ -240,7 +240,7 @@ def _cmd_recover(ledger: Ledger, args: argparse.Namespace, settings: Settings | 
 
 
 def _cmd_preview(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
-    from onceflow.engine.planning import describe_slices
+    from onceflow.planning import describe_slices
 
     plan, slices = _coordinator(ledger, args.pipeline, settings).preview(
         max_records_per_partition=args.max_records_per_partition

@@ -4,45 +4,33 @@ Every door goes through `Coordinator`: the Airflow operators, the ``onceflow`` C
 (``onceflow run``), the slice job's driver, the fault harness and the benchmarks. Its methods are the
 protocol's steps, each with its numbered steps in the docstring and the code following them:
 
-    plan -> process (Spark, outside) -> pre-commit (`register_slice`) -> commit (decide, commit, complete)
-                                                                      -> abort (decide, roll back, complete)
-    recover (finish or roll back the epoch in flight, then sweep) ... report
+    plan -> process (Spark, outside) -> pre-commit (`precommit_slice`) -> commit (decide, finish)
+                                                                        -> abort (decide, finish)
+    recover (finish the epoch in flight the way it was decided, then sweep) ... report
 
+Commit, abort and recover share one copy of each finishing step (`_finish_commit`, `_finish_abort`).
 Decisions are pure functions in `onceflow.decisions`; durable state and its compare-and-set transitions
-live in the ledger, which knows nothing of sinks. Every step is idempotent and recorded in the ledger
-before the next one, so running any of them again after a crash anywhere picks up where the last run
-stopped (invariant 8).
+live in the ledger, which knows nothing of sinks. What the steps need besides the protocol lives in
+modules of its own: who owns an epoch (`onceflow.owners`), what the steps return
+(`onceflow.step_results`), the ranges and participants of a plan (`onceflow.planning`), the position
+shown to Kafka's tools (`onceflow.positions`), retention (`onceflow.retaining`) and the report
+(`onceflow.epoch_report`). Every step is idempotent and recorded in the ledger before the next one, so
+running any of them again after a crash anywhere picks up where the last run stopped (invariant 8).
 """
 
 from __future__ import annotations
 
-import os
-import re
-import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
-from typing import Any, Literal
+from dataclasses import replace
+from datetime import datetime
 
 from onceflow.committables import Committable
 from onceflow.config import Settings
-from onceflow.decisions import (
-    abort_refusal,
-    commit_refusal,
-    decide_plan,
-    decide_recovery,
-    where,
-)
-from onceflow.engine.planning import (
-    describe_slices,
-    expected_participants,
-    participant_sinks,
-    replaced_epochs,
-    run_plan_checks,
-    slices_of,
-)
+from onceflow.decisions import OrphanAction, classify_orphan, decide_plan, decide_recovery, slice_refusal
+from onceflow.epoch_report import report_lines
 from onceflow.errors import ConfigError, one_line
 from onceflow.faults import crash_point
 from onceflow.ledger import (
@@ -54,196 +42,50 @@ from onceflow.ledger import (
     Participant,
     ParticipantStatus,
     PrecommitRefused,
+    Refused,
     SinkCallFailed,
     UnknownEpoch,
 )
+from onceflow.ledger.errors import SinkCallFailedKnown, SinkCallRetryLater
 from onceflow.ledger.ledger import Registration
 from onceflow.ledger.models import utcnow
-from onceflow.ledger.retention import RetentionPolicy, RetentionResult
+from onceflow.ledger.refusals import abort_refusal, commit_refusal
+from onceflow.ledger.retention import RetentionResult
+from onceflow.logs import Log, quiet
+from onceflow.owners import OwnerAlive, owner_of_this_process, process_alive
 from onceflow.pipeline import Pipeline
+from onceflow.planning import (
+    committers_for,
+    describe_slices,
+    expected_participants,
+    next_ranges,
+    replaced_epochs,
+    run_plan_checks,
+    slices_of,
+)
+from onceflow.positions import publish_position
 from onceflow.records import DeadLetter
+from onceflow.retaining import retain, retain_after_commit
 from onceflow.sinks.base import SinkCommitter
-from onceflow.sinks.registry import sink_kind
+from onceflow.sinks.errors import KnownFailure, RetryLater
 from onceflow.sources.kafka_planning import EpochPlan, SlicePlan
+from onceflow.step_results import PlanResult, PlanStatus, RecoveryReport, SliceGate
 
-Log = Callable[[str], None]
-PlanStatus = Literal["planned", "preview", "already_committed"]
-OrphanAction = Literal["abort", "commit", "keep"]
-OwnerAlive = Callable[[str], "bool | None"]
-
-
-class Refused(IllegalTransition):
-    """The invariants forbid what was asked (commit of an aborted epoch, abort of a decided one);
-    nothing was changed. The message is the same whichever door asked."""
+# A committer that says "retry later" is called again this many times, after these pauses, before the
+# step gives up for now (the epoch stays as it is, and the next commit, abort or recover goes on).
+RETRY_LATER_PAUSES_S = (0.5, 1.0, 2.0)
 
 
 class EpochOwned(IllegalTransition):
     """Another live runner owns the pipeline's epoch in flight; epochs run one at a time."""
 
 
-def _quiet(_: str) -> None:
-    return None
-
-
-# ------------------------------------------------------------------------------------------- owners
-
-_OWNER = re.compile(r"\(pid (\d+) on (\S+)\)$")
-
-
-def owner_of_this_process(name: str) -> str:
-    """An epoch owner's name as stored in the ledger: who, and which process on which host."""
-    return f"{name} (pid {os.getpid()} on {socket.gethostname()})"
-
-
-def process_alive(owner: str) -> bool | None:
-    """Whether the owner's process still runs: known only for a process on this host."""
-    found = _OWNER.search(owner or "")
-    if found is None or found.group(2) != socket.gethostname():
-        return None
-    try:
-        os.kill(int(found.group(1)), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-# ------------------------------------------------------------------------------------------ results
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    """What ``plan`` decided, small enough for an Airflow XCom (see `to_dict`)."""
-
-    status: PlanStatus
-    pipeline: str
-    epoch: int | None = None
-    attempt_token: str | None = None
-    slices_with_tasks: tuple[int, ...] = ()
-    lines: tuple[str, ...] = field(default=())
-    span: int = 0  # offsets the epoch reads
-    backlog: int = 0  # offsets left for later epochs when it was planned
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "pipeline": self.pipeline,
-            "epoch": self.epoch,
-            "attempt_token": self.attempt_token,
-            "slices_with_tasks": list(self.slices_with_tasks),
-            "lines": list(self.lines),
-            "span": self.span,
-            "backlog": self.backlog,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PlanResult:
-        return cls(
-            status=data["status"],
-            pipeline=data["pipeline"],
-            epoch=data.get("epoch"),
-            attempt_token=data.get("attempt_token"),
-            slices_with_tasks=tuple(data.get("slices_with_tasks", ())),
-            lines=tuple(data.get("lines", ())),
-            span=int(data.get("span", 0)),
-            backlog=int(data.get("backlog", 0)),
-        )
-
-
-@dataclass(frozen=True)
-class RecoveryReport:
-    """What ``recover`` did, for the task log and ``onceflow recover --json``."""
-
-    pipeline: str
-    epoch: int | None = None
-    outcome: Literal["nothing in flight", "committed", "aborted", "kept"] = "nothing in flight"
-    reason: str = ""
-    participants_committed: int = 0
-    participants_aborted: int = 0
-    orphans_aborted: tuple[Committable, ...] = field(default=())
-    orphans_recommitted: tuple[Committable, ...] = field(default=())
-    orphans_kept: tuple[Committable, ...] = field(default=())
-
-    def summary(self) -> str:
-        if self.epoch is None:
-            head = f"pipeline {self.pipeline!r}: nothing in flight"
-        elif self.outcome == "kept":
-            head = f"pipeline {self.pipeline!r}: epoch {self.epoch} kept ({self.reason})"
-        else:
-            head = (
-                f"pipeline {self.pipeline!r}: epoch {self.epoch} {self.outcome} "
-                f"({self.participants_committed} participants committed, "
-                f"{self.participants_aborted} aborted)"
-            )
-        kept = f", {len(self.orphans_kept)} kept (epoch in flight)" if self.orphans_kept else ""
-        return (
-            f"{head}; orphans: {len(self.orphans_aborted)} rolled back, "
-            f"{len(self.orphans_recommitted)} re-committed{kept}"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        def ids(cs: Sequence[Committable]) -> list[dict[str, Any]]:
-            return [{"epoch": c.epoch, "sink": c.sink, "task": c.task, "attempt": c.attempt} for c in cs]
-
-        return {
-            "pipeline": self.pipeline,
-            "epoch": self.epoch,
-            "outcome": self.outcome,
-            "reason": self.reason,
-            "participants_committed": self.participants_committed,
-            "participants_aborted": self.participants_aborted,
-            "orphans_aborted": ids(self.orphans_aborted),
-            "orphans_recommitted": ids(self.orphans_recommitted),
-            "orphans_kept": ids(self.orphans_kept),
-        }
-
-
-def classify_orphan(orphan: Committable, epoch: Epoch | None, winner: Participant | None) -> OrphanAction:
-    """What the sweeper does with staged output a sink reports (invariant 9).
-
-    ``winner`` is the participant the ledger registered for the orphan's (sink, task), if any. Staging of
-    a PLANNED epoch that is expected and not beaten by another attempt is kept: its slice's driver may be
-    about to register it. A winner of a COMMITTED epoch is committed again (a no-op if it was), never
-    rolled back.
-    """
-    if epoch is None or epoch.status in (EpochStatus.ABORTING, EpochStatus.ABORTED):
-        return "abort"
-    owned = winner is not None and winner.attempt == orphan.attempt
-    if epoch.status is EpochStatus.PLANNED:
-        if (orphan.sink, orphan.task) not in epoch.expected:
-            return "abort"
-        return "keep" if owned or winner is None else "abort"
-    if not owned:
-        return "abort"  # a losing or unregistered attempt can never join a decided epoch
-    return "commit" if epoch.status is EpochStatus.COMMITTED else "keep"
-
-
-def retention_interval(retain_epochs: int) -> int:
-    """How often a commit applies retention: every tenth of the kept epochs, so its cost (finding the
-    epochs that hold a position reads every kept offset row) is paid once per that many epochs, and a
-    pipeline keeps at most ``retain_epochs`` plus that many committed epochs."""
-    return max(1, retain_epochs // 10)
-
-
-def committers_for(spec: Pipeline, settings: Settings | None = None) -> dict[str, SinkCommitter]:
-    """A committer per participant sink of the pipeline (its sinks, plus its keyed state's)."""
-    committers = {}
-    for sink in participant_sinks(spec, settings):
-        kind = sink_kind(sink.kind)
-        committers[sink.name] = kind.build_committer(kind.config_for(sink, settings))
-    return committers
-
-
-# ------------------------------------------------------------------------------------- coordinator
-
-
 class Coordinator:
     """The protocol for one pipeline, over a ledger, the pipeline's committers and its Kafka source.
 
-    Build it with `for_pipeline` from a spec (what every door does), or from a ledger and committers
-    alone to drive epochs that something else planned (tests, tools). ``log`` receives one line per
-    thing done, for a task log or a terminal.
+    Build it with `for_pipeline` from a spec and settings (what every door does), or from a ledger and
+    committers alone to drive epochs that something else planned (tests, tools). ``log`` receives one
+    line per thing done, for a task log or a terminal.
     """
 
     def __init__(
@@ -254,7 +96,7 @@ class Coordinator:
         *,
         spec: Pipeline | None = None,
         settings: Settings | None = None,
-        log: Log = _quiet,
+        log: Log = quiet,
     ) -> None:
         if spec is not None and spec.name != pipeline:
             raise ConfigError(f"coordinator for {pipeline!r} given the spec of {spec.name!r}")
@@ -267,7 +109,7 @@ class Coordinator:
 
     @classmethod
     def for_pipeline(
-        cls, spec: Pipeline, ledger: Ledger, settings: Settings, *, log: Log = _quiet
+        cls, spec: Pipeline, ledger: Ledger, settings: Settings, *, log: Log = quiet
     ) -> Coordinator:
         return cls(ledger, spec.name, spec=spec, settings=settings, log=log)
 
@@ -282,10 +124,18 @@ class Coordinator:
             self._committers = committers_for(self.spec, self.settings)
         return self._committers
 
+    @property
+    def _at_most_once(self) -> bool:
+        return self.spec is not None and self.spec.commits_before_processing
+
     def _need_spec(self, step: str) -> tuple[Pipeline, Settings]:
         if self.spec is None or self.settings is None:
             raise ConfigError(f"{step} of pipeline {self.pipeline!r} needs its spec and settings")
         return self.spec, self.settings
+
+    def _lease_s(self) -> float:
+        """The owner's lease: the settings', or the default one for a coordinator built without them."""
+        return Settings.lease_s if self.settings is None else self.settings.lease_s
 
     def _require(self, sinks: Sequence[str], epoch: Epoch) -> None:
         missing = [sink for sink in sinks if sink not in self.committers]
@@ -294,17 +144,43 @@ class Coordinator:
                 f"{epoch}: no committer for sink(s) {', '.join(missing)}; nothing was changed"
             )
 
+    def _registered_sinks(self, epoch: Epoch) -> list[str]:
+        return sorted({p.sink for p in self.ledger.participants(self.pipeline, epoch.number)})
+
     def _call(self, epoch: Epoch, sink: str, action: str, committables: list[Committable]) -> None:
+        """One committer call, with its outcome as Flink's ``CommitRequest`` has them: done (also when
+        the committer finds it done already), retry later (called again after a pause, then left to the
+        next step), failed for a known reason (no retry helps: one line for a human), or failed."""
         committer = self.committers[sink]
-        try:
-            (committer.commit if action == "commit" else committer.abort)(committables)
-        except Exception as exc:
-            raise SinkCallFailed(
-                f"{epoch}: {action} of {len(committables)} committable(s) of sink {sink!r} failed "
-                f"({type(exc).__name__}: {one_line(exc)}); "
-                f"the epoch stays {epoch.status} and the {action} is retried by the next commit, abort or "
-                "recover"
-            ) from exc
+        call = committer.commit if action == "commit" else committer.abort
+        for pause in (*RETRY_LATER_PAUSES_S, None):
+            try:
+                call(committables)
+                return
+            except RetryLater as exc:
+                if pause is None:
+                    raise SinkCallRetryLater(self._failure(epoch, sink, action, committables, exc)) from exc
+                self.log(f"{epoch}: sink {sink!r} asks to retry the {action} later ({one_line(exc)})")
+                time.sleep(pause)
+            except KnownFailure as exc:
+                raise SinkCallFailedKnown(
+                    f"{epoch}: {action} of {len(committables)} committable(s) of sink {sink!r} failed "
+                    f"({type(exc).__name__}: {one_line(exc)}); retrying cannot help: the epoch stays "
+                    f"{epoch.status} until the cause is mended"
+                ) from exc
+            except Exception as exc:
+                raise SinkCallFailed(self._failure(epoch, sink, action, committables, exc)) from exc
+
+    @staticmethod
+    def _failure(
+        epoch: Epoch, sink: str, action: str, committables: list[Committable], exc: Exception
+    ) -> str:
+        return (
+            f"{epoch}: {action} of {len(committables)} committable(s) of sink {sink!r} failed "
+            f"({type(exc).__name__}: {one_line(exc)}); "
+            f"the epoch stays {epoch.status} and the {action} is retried by the next commit, abort or "
+            "recover"
+        )
 
     def _by_sink(self, epoch: Epoch) -> dict[str, list[Committable]]:
         grouped: dict[str, list[Committable]] = {}
@@ -343,17 +219,13 @@ class Coordinator:
         """The ranges and slices the next epoch would get, after the same checks as `plan`; the ledger
         is not written."""
         spec, settings = self._need_spec("preview")
-        from onceflow.sources.kafka_metadata import KafkaMetadata
-
-        committed = self.ledger.committed_offsets(spec.name)
-        interval_end_ms = int(data_interval[1].timestamp() * 1000) if data_interval else None
-        with KafkaMetadata(settings.kafka_bootstrap) as metadata:
-            plan = metadata.plan(
-                spec.source,
-                committed,
-                max_records_per_partition=max_records_per_partition or spec.max_records_per_partition,
-                interval_end_ms=interval_end_ms,
-            )
+        plan = next_ranges(
+            spec,
+            self.ledger,
+            settings,
+            data_interval=data_interval,
+            max_records_per_partition=max_records_per_partition,
+        )
         slices = slices_of(spec, plan.ranges)
         run_plan_checks(spec, settings, parallel_tasks=sum(len(s.tasks) for s in slices))
         return plan, slices
@@ -404,7 +276,7 @@ class Coordinator:
             self.log(decision.line)
             status: PlanStatus = "planned" if decision.action == "reuse" else "already_committed"
             if decision.action == "reuse":
-                self.ledger.renew_lease(spec.name, decision.epoch.number, self._lease_s())
+                self.renew_lease(decision.epoch.number)
             return self._result(status, decision.epoch, [decision.line])
         if decision.action == "wait":
             raise EpochOwned(decision.line)
@@ -444,9 +316,6 @@ class Coordinator:
         for line in lines:
             self.log(line)
         return self._result("planned", epoch, lines, epoch_plan.backlog)
-
-    def _lease_s(self) -> float:
-        return (self.settings or Settings.from_env()).lease_s
 
     def _record(
         self,
@@ -504,36 +373,40 @@ class Coordinator:
 
     # ---------------------------------------------------------------------------------- process
 
-    def slice_to_process(self, planned: PlanResult, slice_number: int) -> tuple[Epoch | None, str]:
-        """Whether a process task has work: the epoch to process, or why not (the slice gate).
+    def slice_to_process(self, planned: PlanResult, slice_number: int) -> SliceGate:
+        """Whether a process task has work: process, skip, or fail because the epoch was aborted.
 
-        1. The plan said there is nothing to process (a preview, an interval already committed).
-        2. The slice has no read task in this epoch.
-        3. The epoch moved on (decided, committed or aborted, or deleted by retention since): a cleared or
-           retried task must not redo it.
-           An at-most-once epoch is committed when planned and is processed all the same.
+        1. The plan said there is nothing to process (a preview, an interval already committed): skip.
+        2. The slice has no read task in this epoch: skip.
+        3. The epoch moved on (`decisions.slice_refusal`): an aborted one fails the task (its run cannot
+           commit), a decided, committed or retention-deleted one is skipped (a cleared or retried task
+           must not redo it).
         """
         # 1.
         if planned.status != "planned" or planned.epoch is None:
-            return None, f"nothing to process: plan said {planned.status}"
+            return SliceGate("skip", f"nothing to process: plan said {planned.status}")
         # 2.
         if slice_number not in planned.slices_with_tasks:
-            return None, f"epoch {planned.epoch}: slice {slice_number} has no read task"
+            return SliceGate("skip", f"epoch {planned.epoch}: slice {slice_number} has no read task")
         # 3.
         try:
             epoch = self.ledger.epoch(self.pipeline, planned.epoch)
         except UnknownEpoch:  # only a final epoch is ever deleted
-            return None, f"epoch {planned.epoch} was finished and removed by ledger retention: nothing to do"
-        at_most_once = self.spec is not None and self.spec.commits_before_processing
-        if epoch.status is EpochStatus.PLANNED or (at_most_once and epoch.status is EpochStatus.COMMITTED):
-            return epoch, f"{epoch}, slice {slice_number}: processing"
-        return None, f"{epoch} is {epoch.status}: the slice has nothing left to do"
+            return SliceGate(
+                "skip", f"epoch {planned.epoch} was finished and removed by ledger retention: nothing to do"
+            )
+        refusal = slice_refusal(epoch, at_most_once=self._at_most_once)
+        if refusal is None:
+            return SliceGate("process", f"{epoch}, slice {slice_number}: processing", epoch)
+        if epoch.status in (EpochStatus.ABORTING, EpochStatus.ABORTED):
+            return SliceGate("aborted", refusal + " (aborted; the next run replays its range)", epoch)
+        return SliceGate("skip", refusal, epoch)
 
     def replaced_epochs(self, epoch: Epoch) -> tuple[int, ...]:
         spec, _ = self._need_spec("process")
         return replaced_epochs(spec, self.ledger, epoch)
 
-    def register_slice(
+    def precommit_slice(
         self,
         epoch: Epoch,
         attempt_token: str,
@@ -551,16 +424,15 @@ class Coordinator:
            discarded, a task killed after staging): orphans of this epoch's ``tasks`` that are not the
            registered winner. After a crash before this step the sweeper does the same.
         """
-        at_most_once = self.spec is not None and self.spec.commits_before_processing
         # 1.
         try:
-            done = self.ledger.register_slice(
+            done = self.ledger.precommit_slice(
                 self.pipeline,
                 epoch.number,
                 attempt_token,
-                [] if at_most_once else committables,
+                [] if self._at_most_once else committables,
                 dead_letters,
-                after_commit=at_most_once,
+                after_commit=self._at_most_once,
             )
         except (PrecommitRefused, IllegalTransition):
             self._roll_back(list(committables))
@@ -568,28 +440,28 @@ class Coordinator:
         # 2.
         self._roll_back(list(done.lost))
         # 3.
-        if tasks and not at_most_once:
-            self._sweep_epoch(epoch.number, set(tasks))
+        if tasks and not self._at_most_once:
+            self._sweep(RecoveryReport(pipeline=self.pipeline), epoch.number, set(tasks))
         return done
 
     def _roll_back(self, committables: list[Committable]) -> None:
         for sink in sorted({c.sink for c in committables}):
             self.committers[sink].abort([c for c in committables if c.sink == sink])
 
-    def renew(self, number: int) -> bool:
+    def renew_lease(self, number: int) -> bool:
         """Keep the owner's lease on an epoch in flight; False once the epoch is final."""
         return self.ledger.renew_lease(self.pipeline, number, self._lease_s())
 
     @contextmanager
-    def lease_kept(self, number: int) -> Iterator[None]:
-        """Renew the epoch's lease in the background while the block runs (a runner's heartbeat)."""
+    def renewing_lease(self, number: int) -> Iterator[None]:
+        """`renew_lease` in the background while the block runs (a runner's heartbeat)."""
         stop = threading.Event()
         period = max(self._lease_s() / 3, 0.5)
 
         def beat() -> None:
             while not stop.wait(period):
                 try:
-                    if not self.renew(number):
+                    if not self.renew_lease(number):
                         return
                 except Exception as exc:  # a ledger hiccup: the next beat tries again
                     self.log(f"lease renewal of epoch {number} failed ({exc}); retrying")
@@ -612,16 +484,8 @@ class Coordinator:
         2. Check that every sink of the epoch has a committer, before anything durable happens.
         3. Decide: PLANNED -> COMMITTING, written only when every expected participant pre-committed
            (invariant 4); a no-op once decided.
-        4. For each sink: commit its still-PRECOMMITTED committables through its committer (idempotent,
-           so a retry after a crash between commit and mark is harmless), then mark them COMMITTED.
-        5. Complete: COMMITTING -> COMMITTED with the epoch's staged state, in one transaction, which is
-           what moves the source position and the state forward (invariant 7).
-        6. Show the new position to Kafka's tools as consumer group ``onceflow-<pipeline>`` (a copy of
-           the ledger's, best effort: a failure is logged and `onceflow status` reports the difference).
-        7. Retain: every `retention_interval` epochs, delete the history older than the last
-           ``retain_epochs`` committed epochs that no step needs (`retain`), so the ledger stays bounded
-           without a scheduled job; best effort, after the commit is complete, and skipped when the
-           coordinator has no settings or retention is off.
+        4.-7. Finish the commit (`_finish_commit`): commit every participant, complete, show the
+           position, retain.
         """
         # 1.
         epoch = self._find("commit", number, run_id)
@@ -636,60 +500,45 @@ class Coordinator:
         self._require(epoch.sinks, epoch)
         # 3.
         crash_point("before_decision")
-        epoch = self.ledger.decide_commit(self.pipeline, epoch.number)
+        epoch = self.ledger.record_commit_decision(self.pipeline, epoch.number)
         crash_point("after_decision")
-        # 4.
-        self._commit_participants(epoch)
-        crash_point("before_complete")
-        # 5.
-        done = self.ledger.complete_commit(self.pipeline, epoch.number)
-        self.log(f"{done}: every participant committed")
-        # 6.
-        self.show_position()
-        # 7.
-        self._retain_after_commit(done.number)
+        # 4.-7.
+        done, _ = self._finish_commit(epoch)
         return done
 
-    def position_group(self) -> str | None:
-        """The consumer group this coordinator keeps in step with the ledger: ``onceflow-<pipeline>``,
-        unless one of the pipeline's sinks commits that group inside its own transaction."""
-        from onceflow.sources.consumer_group import position_group
+    def _finish_commit(self, epoch: Epoch) -> tuple[Epoch, int]:
+        """Steps 4-7 of `commit`, for a decided epoch (commit, or recover finishing one); returns the
+        completed epoch and how many participants this call committed.
 
-        if self.spec is None:
-            return None
-        group = position_group(self.pipeline)
-        for sink in self.spec.sinks:
-            kind = sink_kind(sink.kind)
-            if kind.consumer_group(kind.config_for(sink, self.settings), self.pipeline) == group:
-                return None
-        return group
-
-    def show_position(self) -> None:
-        """Step 6 of `commit`: write the ledger's committed positions to the position group."""
-        from onceflow.sources.consumer_group import publish_positions
-
-        group = self.position_group()
-        if group is None or self.settings is None:
-            return
-        try:
-            publish_positions(
-                self.settings.kafka_bootstrap, group, self.ledger.committed_offsets(self.pipeline)
-            )
-        except Exception as exc:  # a copy for Kafka's tools: it never fails a commit that is done
-            self.log(
-                f"pipeline {self.pipeline!r}: consumer group {group!r} not updated ({exc}); the ledger "
-                "holds the position, and the next committed epoch writes the group again"
-            )
-
-    def _commit_participants(self, epoch: Epoch) -> int:
-        done = 0
+        4. For each sink: commit its still-PRECOMMITTED committables through its committer (idempotent,
+           so a retry after a crash between commit and mark is harmless), then mark them COMMITTED.
+        5. Complete: COMMITTING -> COMMITTED, which is what moves the source position and the state
+           forward (invariant 7).
+        6. Show the new position to Kafka's tools as consumer group ``onceflow-<pipeline>`` (a copy of
+           the ledger's, best effort: a failure is logged and `onceflow status` reports the difference).
+        7. Retain: every `retaining.retention_interval` epochs, delete the history older than the last
+           ``retain_epochs`` committed epochs that no step needs, so the ledger stays bounded without a
+           scheduled job; best effort, after the commit is complete.
+        """
+        # 4.
+        committed = 0
         for i, (sink, committables) in enumerate(sorted(self._by_sink(epoch).items())):
             if i:
                 crash_point("between_commits")
             self._call(epoch, sink, "commit", committables)
             crash_point("participant_committed")
-            done += self.ledger.mark_committed(self.pipeline, epoch.number, sink)
-        return done
+            committed += self.ledger.mark_committed(self.pipeline, epoch.number, sink)
+        crash_point("before_complete")
+        # 5.
+        done = self.ledger.complete_commit(self.pipeline, epoch.number)
+        self.log(f"{done}: every participant committed")
+        if self.settings is not None:  # a coordinator without settings has no Kafka nor policy to use
+            # 6.
+            if self.spec is not None:
+                publish_position(self.ledger, self.spec, self.settings, self.log)
+            # 7.
+            retain_after_commit(self.ledger, self.pipeline, done.number, self.settings, self.log)
+        return done, committed
 
     # ------------------------------------------------------------------------------------ abort
 
@@ -699,19 +548,13 @@ class Coordinator:
         1. Find the epoch; an aborted one is left as it is, a decided one is refused (invariant 5); an
            at-most-once epoch is committed at plan time, so there is nothing to roll back.
         2. Check that every sink with a registered participant has a committer.
-        3. Decide: PLANNED -> ABORTING with the reason (who aborted, and why); a no-op once aborting.
-        4. For each sink: roll back every registered participant's staging (idempotent), mark them ABORTED.
-        5. Complete: ABORTING -> ABORTED, discarding the epoch's staged state in the same transaction.
+        3.-5. Finish the abort (`_finish_abort`): decide, roll back every participant, complete.
         """
         # 1.
         epoch = self._find("abort", number, run_id)
         if epoch is None or epoch.status is EpochStatus.ABORTED:
             return epoch
-        if (
-            self.spec is not None
-            and self.spec.commits_before_processing
-            and epoch.status is EpochStatus.COMMITTED
-        ):
+        if self._at_most_once and epoch.status is EpochStatus.COMMITTED:
             self.log(
                 f"{epoch}: at_most_once committed its offsets before processing; nothing to roll back, and "
                 "the records it did not deliver are not replayed"
@@ -721,24 +564,30 @@ class Coordinator:
         if refusal is not None:
             raise Refused(refusal)
         # 2.
-        registered = sorted({p.sink for p in self.ledger.participants(self.pipeline, epoch.number)})
-        self._require(registered, epoch)
-        # 3.
-        epoch = self.ledger.decide_abort(self.pipeline, epoch.number, reason)
-        crash_point("during_abort")
-        # 4.
-        self._abort_participants(epoch)
-        # 5.
-        done = self.ledger.complete_abort(self.pipeline, epoch.number)
+        self._require(self._registered_sinks(epoch), epoch)
+        # 3.-5.
+        done, _ = self._finish_abort(epoch, reason)
         self.log(f"{done}: rolled back ({reason}); its ranges are replayed by the next epoch")
         return done
 
-    def _abort_participants(self, epoch: Epoch) -> int:
-        done = 0
+    def _finish_abort(self, epoch: Epoch, reason: str) -> tuple[Epoch, int]:
+        """Steps 3-5 of `abort`, for an undecided or aborting epoch (abort, or recover rolling one back);
+        returns the aborted epoch and how many participants this call rolled back.
+
+        3. Decide: PLANNED -> ABORTING with the reason (who aborted, and why); a no-op once aborting.
+        4. For each sink: roll back every registered participant's staging (idempotent), mark them ABORTED.
+        5. Complete: ABORTING -> ABORTED; nothing of the epoch becomes visible (invariant 6).
+        """
+        # 3.
+        epoch = self.ledger.record_abort_decision(self.pipeline, epoch.number, reason)
+        crash_point("during_abort")
+        # 4.
+        aborted = 0
         for sink, committables in sorted(self._by_sink(epoch).items()):
             self._call(epoch, sink, "abort", committables)
-            done += self.ledger.mark_aborted(self.pipeline, epoch.number, sink)
-        return done
+            aborted += self.ledger.mark_aborted(self.pipeline, epoch.number, sink)
+        # 5.
+        return self.ledger.complete_abort(self.pipeline, epoch.number), aborted
 
     # ---------------------------------------------------------------------------------- recover
 
@@ -750,9 +599,9 @@ class Coordinator:
         1. Find the epoch in flight, if any (at most one: invariant 1), and decide
            (`decisions.decide_recovery`): an undecided epoch whose owner is alive is kept, never rolled
            back (unless ``force``).
-        2. COMMITTING: the decision is durable, so commit every participant and complete (invariant 5).
-        3. PLANNED with its owner gone, or ABORTING: roll back every registered participant and complete
-           the abort, recording who aborted and why; the next epoch replays the range (invariants 2, 6).
+        2. COMMITTING: the decision is durable, so finish the commit (`_finish_commit`, invariant 5).
+        3. PLANNED with its owner gone, or ABORTING: finish the abort (`_finish_abort`), recording who
+           aborted and why; the next epoch replays the range (invariants 2, 6).
         4. Sweep: roll back staged output the ledger does not own (invariant 9); see `sweep`.
         """
         report = RecoveryReport(pipeline=self.pipeline)
@@ -766,20 +615,15 @@ class Coordinator:
         elif epoch is not None and action == "commit":
             # 2.
             self._require(epoch.sinks, epoch)
-            committed = self._commit_participants(epoch)
             crash_point("during_recover")
-            self.ledger.complete_commit(self.pipeline, epoch.number)
-            self.show_position()
+            _, committed = self._finish_commit(epoch)
             report = RecoveryReport(self.pipeline, epoch.number, "committed", why, committed)
         elif epoch is not None and action == "abort":
             # 3.
-            registered = sorted({p.sink for p in self.ledger.participants(self.pipeline, epoch.number)})
-            self._require(registered, epoch)
+            self._require(self._registered_sinks(epoch), epoch)
             reason = f"aborted by {by}: {why}" if epoch.status is EpochStatus.PLANNED else why
-            epoch = self.ledger.decide_abort(self.pipeline, epoch.number, reason)
-            aborted = self._abort_participants(epoch)
             crash_point("during_recover")
-            self.ledger.complete_abort(self.pipeline, epoch.number)
+            _, aborted = self._finish_abort(epoch, reason)
             report = RecoveryReport(
                 self.pipeline, epoch.number, "aborted", reason, participants_aborted=aborted
             )
@@ -793,13 +637,10 @@ class Coordinator:
 
         1. List every committer's orphans first, then read the ledger (so that an epoch planned meanwhile
            is seen as in flight and its staging is kept).
-        2. Classify each (`classify_orphan`): unknown and aborted epochs, unexpected tasks and losing
-           attempts are rolled back; staging a live epoch may still register is kept.
+        2. Classify each (`decisions.classify_orphan`): unknown and aborted epochs, unexpected tasks and
+           losing attempts are rolled back; staging a live epoch may still register is kept.
         """
         return self._sweep(report or RecoveryReport(pipeline=self.pipeline), None, None)
-
-    def _sweep_epoch(self, number: int, tasks: set[str]) -> RecoveryReport:
-        return self._sweep(RecoveryReport(pipeline=self.pipeline), number, tasks)
 
     def _sweep(
         self, report: RecoveryReport, only_epoch: int | None, tasks: set[str] | None
@@ -860,94 +701,29 @@ class Coordinator:
                 "service is reachable, then run again"
             ) from exc
 
-    # -------------------------------------------------------------------------------- retention
+    # ------------------------------------------------------------------------ retention, report
 
     def retain(
         self, *, keep_epochs: int | None = None, dead_letter_days: float | None = None
     ) -> RetentionResult:
-        """Delete the pipeline's ledger history that no step can still need; rows deleted per kind.
-
-        1. Take the policy from the arguments, else from the settings (``retain_epochs``,
-           ``dead_letter_days``); with retention off (0 epochs) and no ``keep_epochs``, do nothing.
-        2. Let the ledger delete in batches, one transaction each (`Ledger.retain`): old final epochs
-           with their rows, except those holding a partition's position, the latest state snapshot, the
-           data interval in flight and young dead letters; superseded state snapshot rows; old dead
-           letters of finished epochs.
-        3. Log one line per kind.
-        """
-        # 1.
-        settings = self.settings or Settings.from_env()
-        keep = settings.retain_epochs if keep_epochs is None else keep_epochs
-        days = settings.dead_letter_days if dead_letter_days is None else dead_letter_days
-        if keep == 0:
-            self.log(f"pipeline {self.pipeline!r}: retention is off (ONCEFLOW_RETAIN_EPOCHS=0)")
-            return RetentionResult(self.pipeline)
-        # 2.
-        result = self.ledger.retain(self.pipeline, self._retention_policy(keep, days))
-        # 3.
-        for line in result.lines():
-            self.log(line)
-        return result
-
-    def _retention_policy(self, keep_epochs: int, dead_letter_days: float) -> RetentionPolicy:
-        try:
-            return RetentionPolicy(keep_epochs=keep_epochs, dead_letter_age=timedelta(days=dead_letter_days))
-        except ValueError as exc:
-            raise ConfigError(f"retention of pipeline {self.pipeline!r}: {exc}") from exc
-
-    def _retain_after_commit(self, number: int) -> None:
-        """Step 7 of `commit`: retention as configured; a failure never fails a complete commit."""
-        if self.settings is None or self.settings.retain_epochs == 0:
-            return
-        every = retention_interval(self.settings.retain_epochs)
-        if number % every:
-            return
-        try:
-            policy = self._retention_policy(self.settings.retain_epochs, self.settings.dead_letter_days)
-            result = self.ledger.retain(self.pipeline, policy)
-        except Exception as exc:  # the commit is done; a later one retains again
-            self.log(
-                f"pipeline {self.pipeline!r}: retention skipped ({one_line(exc)}); the commit of epoch "
-                f"{number + every} tries again, or run `onceflow retain {self.pipeline}`"
-            )
-            return
-        if result.total:
-            counts = ", ".join(f"{rows} {kind}" for kind, rows in result.deleted.items() if rows)
-            self.log(f"pipeline {self.pipeline!r}: retention deleted {counts}")
-
-    # ----------------------------------------------------------------------------------- report
+        """Delete the pipeline's ledger history that no step can still need (`retaining.retain`)."""
+        if self.settings is None:
+            raise ConfigError(f"retention of pipeline {self.pipeline!r} needs the deployment's settings")
+        return retain(
+            self.ledger,
+            self.pipeline,
+            self.settings,
+            self.log,
+            keep_epochs=keep_epochs,
+            dead_letter_days=dead_letter_days,
+        )
 
     def report(self, *, run_id: str) -> list[str]:
         """The run's epoch in a few lines: status, ranges, records per sink, dead letters."""
-        epoch = self.ledger.epoch_of_run(self.pipeline, run_id)
-        if epoch is None:
-            lines = [f"run {run_id} planned no epoch of {self.pipeline!r}"]
-        else:
-            per_sink: dict[str, int] = {}
-            for p in self.ledger.participants(self.pipeline, epoch.number):
-                per_sink[p.sink] = per_sink.get(p.sink, 0) + p.record_count
-            letters = self.ledger.dead_letters(self.pipeline, epoch=epoch.number, include_uncommitted=True)
-            lines = [
-                f"{epoch}" + (f" (abort reason: {epoch.abort_reason})" if epoch.abort_reason else ""),
-                "  input: " + (", ".join(str(r) for r in epoch.ranges if not r.is_empty) or "nothing new"),
-                *(f"  sink {sink}: {count} records" for sink, count in sorted(per_sink.items())),
-                f"  dead letters: {len(letters)}",
-            ]
+        lines = report_lines(self.ledger, self.pipeline, run_id)
         for line in lines:
             self.log(line)
         return lines
 
 
-__all__ = [
-    "Coordinator",
-    "EpochOwned",
-    "PlanResult",
-    "RecoveryReport",
-    "Refused",
-    "classify_orphan",
-    "committers_for",
-    "owner_of_this_process",
-    "process_alive",
-    "retention_interval",
-    "where",
-]
+__all__ = ["Coordinator", "EpochOwned", "Refused"]

@@ -1,8 +1,10 @@
-"""The coordinator's decisions as pure functions: what to plan, and which commit or abort to refuse.
+"""The coordinator's decisions as pure functions: what to plan, whether a slice runs, what recovery
+does, and what the sweeper does with each orphan.
 
 No I/O here: the coordinator reads the ledger, asks these functions, then acts; so every branch of the
-protocol's choices has a fast unit test, and every door (DAG task, CLI, runner) refuses with the same
-words because they all come from here.
+protocol's choices has a fast unit test, and every door (DAG task, CLI, runner, slice job) acts on the
+same answer. The refusals of commit and abort live beside the ledger's transitions
+(`onceflow.ledger.refusals`), which check them again under their compare-and-set.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from onceflow.committables import Committable
 from onceflow.ledger.models import EpochStatus
-from onceflow.ledger.records import Epoch
+from onceflow.ledger.records import Epoch, Participant
 
 PlanAction = Literal["plan", "reuse", "already_committed", "replace", "wait"]
 RecoverAction = Literal["nothing", "commit", "abort", "keep"]
+OrphanAction = Literal["abort", "commit", "keep"]
 
 
 @dataclass(frozen=True)
@@ -90,36 +94,6 @@ def owned_line(epoch: Epoch) -> str:
     )
 
 
-def commit_refusal(epoch: Epoch) -> str | None:
-    """Why ``commit`` must not touch ``epoch`` (invariant 6), or None when committing is allowed."""
-    if epoch.status not in (EpochStatus.ABORTING, EpochStatus.ABORTED):
-        return None
-    return (
-        f"commit refused: cannot commit {where(epoch)}: it is {epoch.status} (abort reason: "
-        f"{epoch.abort_reason or 'none given'}); once an abort has begun, commit is refused and its range "
-        "is replayed by the next epoch"
-    )
-
-
-def abort_refusal(epoch: Epoch) -> str | None:
-    """Why ``abort`` must not touch ``epoch`` (invariant 5), or None when aborting is allowed."""
-    if epoch.status not in (EpochStatus.COMMITTING, EpochStatus.COMMITTED):
-        return None
-    finish = (
-        f" (finish it by clearing `commit` or `onceflow commit {epoch.pipeline} {epoch.number}`)"
-        if epoch.status is EpochStatus.COMMITTING
-        else ""
-    )
-    return (
-        f"abort refused: cannot abort {where(epoch)}: it is {epoch.status}; the decision to commit is "
-        f"durable, so the only outcome is COMMITTED and nothing was rolled back{finish}"
-    )
-
-
-def where(epoch: Epoch) -> str:
-    return f"epoch {epoch.number} of pipeline {epoch.pipeline!r}"
-
-
 def decide_recovery(
     epoch: Epoch | None, *, now: datetime, owner_alive: bool | None, force: bool
 ) -> tuple[RecoverAction, str]:
@@ -154,3 +128,37 @@ def decide_recovery(
         return "abort", f"its owner {owner} is no longer running"
     lease = epoch.lease_expires_at.isoformat(timespec="seconds") if epoch.lease_expires_at else "never set"
     return "abort", f"the lease of its owner {owner} expired ({lease}) without a renewal"
+
+
+def slice_refusal(epoch: Epoch, *, at_most_once: bool, attempt_token: str | None = None) -> str | None:
+    """Why a slice of ``epoch`` must not run, or None when it may (the slice gate).
+
+    A slice runs only while its epoch is PLANNED (an at-most-once epoch is committed when planned and is
+    processed all the same), and, for a slice job given the epoch's ``attempt_token``, only under that
+    token: a cleared, retried or late job must not touch an epoch that has moved on or been re-planned.
+    """
+    if attempt_token is not None and epoch.attempt_token != attempt_token:
+        return f"{epoch} is {epoch.status} with another attempt token than this job's; nothing was processed"
+    if epoch.status is EpochStatus.PLANNED or (at_most_once and epoch.status is EpochStatus.COMMITTED):
+        return None
+    return f"{epoch} is {epoch.status}: the slice has nothing left to do"
+
+
+def classify_orphan(orphan: Committable, epoch: Epoch | None, winner: Participant | None) -> OrphanAction:
+    """What the sweeper does with staged output a sink reports (invariant 9).
+
+    ``winner`` is the participant the ledger registered for the orphan's (sink, task), if any. Staging of
+    a PLANNED epoch that is expected and not beaten by another attempt is kept: its slice's driver may be
+    about to register it. A winner of a COMMITTED epoch is committed again (a no-op if it was), never
+    rolled back.
+    """
+    if epoch is None or epoch.status in (EpochStatus.ABORTING, EpochStatus.ABORTED):
+        return "abort"
+    owned = winner is not None and winner.attempt == orphan.attempt
+    if epoch.status is EpochStatus.PLANNED:
+        if (orphan.sink, orphan.task) not in epoch.expected:
+            return "abort"
+        return "keep" if owned or winner is None else "abort"
+    if not owned:
+        return "abort"  # a losing or unregistered attempt can never join a decided epoch
+    return "commit" if epoch.status is EpochStatus.COMMITTED else "keep"

@@ -320,21 +320,10 @@ class Pipeline:
             raise _fail("sinks.name", STATE_SINK, "is reserved for the keyed state's snapshot")
         if self.on_rerun not in ON_RERUN:
             raise _fail("on_rerun", self.on_rerun, f"expected one of {ON_RERUN}")
-        if self.on_rerun == "replace":
-            from onceflow.sinks.registry import known_kinds, sink_kind
-
-            replaceable = [k for k in known_kinds() if sink_kind(k).replaceable]
-            append_only = [f"{s.name} ({s.kind})" for s in sinks if s.kind not in replaceable]
-            if append_only or self.state is not None:
-                raise _fail(
-                    "on_rerun",
-                    self.on_rerun,
-                    f"sinks {append_only} are append-only: they cannot take an interval's earlier output "
-                    "back, so replacing it would deliver it twice (only "
-                    f"{' and '.join(replaceable)} sinks replace atomically)"
-                    if append_only
-                    else "keyed state would fold the interval's records twice",
-                )
+        if self.on_rerun == "replace" and self.state is not None:
+            # Whether each sink can take an interval's output back is its kind's to say: checked at plan
+            # time (`onceflow.planning.check_rerun`), since the spec knows no sink kinds.
+            raise _fail("on_rerun", self.on_rerun, "keyed state would fold the interval's records twice")
         if self.state is not None and self.guarantee == "at_most_once":
             raise _fail(
                 "guarantee",

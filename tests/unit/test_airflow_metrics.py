@@ -76,7 +76,7 @@ def committed_epoch(tmp_path: Path):  # type: ignore[no-untyped-def]
         DeadLetter("clicks", 0, 5, b"k", b"{bad", "malformed_json: x"),
         DeadLetter("clicks", 1, 0, None, None, "null_value: y"),
     ]
-    ledger.register_slice(P, epoch.number, epoch.attempt_token, committables, letters)
+    ledger.precommit_slice(P, epoch.number, epoch.attempt_token, committables, letters)
     done = Coordinator(ledger, P, {"pg": sink}).commit(number=epoch.number)
     yield ledger, done
     ledger.close()

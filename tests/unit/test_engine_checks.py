@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from onceflow.engine.planning import (
+from onceflow.errors import ConfigError
+from onceflow.offsets import OffsetRange
+from onceflow.pipeline import STATE_SINK, JsonFormat, KafkaSource, Pipeline, SinkSpec, StateSpec
+from onceflow.planning import (
     check_guarantee,
+    check_rerun,
     expected_participants,
     participant_sinks,
     run_plan_checks,
     slices_of,
 )
-from onceflow.errors import ConfigError
-from onceflow.offsets import OffsetRange
-from onceflow.pipeline import STATE_SINK, JsonFormat, KafkaSource, Pipeline, SinkSpec, StateSpec
 
 KAFKA = {"topic": "out", "bootstrap": "127.0.0.1:1", "staging_root": "/tmp/x"}
 
@@ -56,6 +57,13 @@ def test_state_is_a_participant_of_every_task(tmp_path: object) -> None:
     state = participant_sinks(stateful)[-1]
     assert state.name == STATE_SINK and state.kind == "files"
     assert dict(state.config) == {"root": "/tmp/state/p", "table": "state", "mode": "replace"}
+
+
+def test_replacing_an_interval_is_refused_for_append_only_sinks_at_plan_time() -> None:
+    appending = spec(SinkSpec("out", "kafka", KAFKA), on_rerun="replace")
+    with pytest.raises(ConfigError, match=r"on_rerun='replace': sinks \['out \(kafka\)'\] are append-only"):
+        run_plan_checks(appending)
+    check_rerun(spec(SinkSpec("t", "files", {"root": "/tmp/x", "table": "t"}), on_rerun="replace"))
 
 
 def test_exactly_once_refuses_sinks_that_write_before_the_commit() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.coordinator import Coordinator, classify_orphan
+from onceflow.coordinator import Coordinator
+from onceflow.decisions import classify_orphan
 from onceflow.errors import ConfigError
 from onceflow.ledger import (
     DeadLetter,
@@ -170,9 +171,9 @@ def test_no_second_epoch_while_one_is_not_final(
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     if reach == "COMMITTING":
         precommit_all(ledger, sinks, e)
-        ledger.decide_commit(P, e.number)
+        ledger.record_commit_decision(P, e.number)
     elif reach == "ABORTING":
-        ledger.decide_abort(P, e.number, "test")
+        ledger.record_abort_decision(P, e.number, "test")
     with pytest.raises(EpochInFlight, match=f"epoch 1 is still {reach}"):
         ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     assert [x.number for x in ledger.epochs(P)] == [1]
@@ -326,7 +327,7 @@ def test_precommit_after_the_decision_is_refused(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
-    ledger.decide_commit(P, 1)
+    ledger.record_commit_decision(P, 1)
     with pytest.raises(EpochNotPlanned, match="COMMITTING"):
         stage(ledger, sinks, e, "db", "t0", attempt="late")
 
@@ -340,16 +341,16 @@ def test_decision_waits_for_every_expected_participant(
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     stage(ledger, sinks, e, "db", "t0")
     with pytest.raises(ParticipantsMissing, match=r"2 of 3 expected participants .*db/t1, files/t0"):
-        ledger.decide_commit(P, 1)
+        ledger.record_commit_decision(P, 1)
     with pytest.raises(ParticipantsMissing):
         Coordinator(ledger, P, sinks).commit(number=1)
     assert ledger.epoch(P, 1).status is EpochStatus.PLANNED
     assert visible(sinks) == set()
     stage(ledger, sinks, e, "db", "t1")
     stage(ledger, sinks, e, "files", "t0")
-    decided = ledger.decide_commit(P, 1)
+    decided = ledger.record_commit_decision(P, 1)
     assert decided.status is EpochStatus.COMMITTING and decided.decided_at is not None
-    assert ledger.decide_commit(P, 1).status is EpochStatus.COMMITTING
+    assert ledger.record_commit_decision(P, 1).status is EpochStatus.COMMITTING
 
 
 # ------------------------------------------------------------------------------------ invariant 5
@@ -411,7 +412,7 @@ def test_once_aborting_commit_is_refused_abort_is_idempotent_nothing_is_visible(
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
     ledger.add_dead_letters(P, 1, [DeadLetter("in", 0, 3, b"k", b"{", "bad json")], e.attempt_token)
-    ledger.decide_abort(P, 1, "operator")
+    ledger.record_abort_decision(P, 1, "operator")
     with pytest.raises(IllegalTransition, match=r"it is ABORTING .*operator.*commit is refused"):
         Coordinator(ledger, P, sinks).commit(number=1)
     first = Coordinator(ledger, P, sinks).abort(number=1, reason="operator again")
@@ -419,7 +420,7 @@ def test_once_aborting_commit_is_refused_abort_is_idempotent_nothing_is_visible(
     assert first.status is second.status is EpochStatus.ABORTED
     assert second.abort_reason == "operator"
     with pytest.raises(IllegalTransition, match="ABORTED"):
-        ledger.decide_commit(P, 1)
+        ledger.record_commit_decision(P, 1)
     assert visible(sinks) == set()
     assert all(not s.staged for s in sinks.values())
     assert ledger.committed_offsets(P) == {}
@@ -437,7 +438,7 @@ def test_transitions_out_of_order_name_pipeline_epoch_and_status(ledger: Ledger)
     with pytest.raises(IllegalTransition, match="PLANNED, not COMMITTING"):
         ledger.mark_committed(P, 1, "db")
     with pytest.raises(UnknownEpoch, match="pipeline 'orders' has no epoch 5"):
-        ledger.decide_commit(P, 5)
+        ledger.record_commit_decision(P, 5)
 
 
 # ------------------------------------------------------------------------------------ invariant 7
@@ -449,7 +450,7 @@ def test_position_and_state_advance_only_with_committed(
     e1 = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     ledger.stage_snapshot(P, 1, "/state/e1", e1.attempt_token)
     precommit_all(ledger, sinks, e1)
-    ledger.decide_commit(P, 1)
+    ledger.record_commit_decision(P, 1)
     assert ledger.committed_offsets(P) == {}
     assert ledger.latest_snapshot(P) is None
     Coordinator(ledger, P, sinks).commit(number=1)
@@ -506,7 +507,7 @@ def test_recover_finishes_an_abort_that_crashed_half_way(
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     stage(ledger, sinks, e, "db", "t0")
     stage(ledger, sinks, e, "files", "t0")
-    ledger.decide_abort(P, 1, "crash follows")
+    ledger.record_abort_decision(P, 1, "crash follows")
     sinks["db"].abort([c.committable for c in ledger.participants(P, 1) if c.sink == "db"])
     ledger.mark_aborted(P, 1, "db")
     report = Coordinator(ledger, P, sinks).recover()
@@ -555,7 +556,7 @@ def test_classify_keeps_the_winner_of_a_decided_epoch_and_drops_losers(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
-    decided = ledger.decide_commit(P, 1)
+    decided = ledger.record_commit_decision(P, 1)
     w = {(p.sink, p.task): p for p in ledger.participants(P, 1)}[("db", "t1")]
     assert classify_orphan(w.committable, decided, w) == "keep"
     assert classify_orphan(Committable(P, 1, 0, "t1", "other", "db"), decided, w) == "abort"

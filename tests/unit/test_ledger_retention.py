@@ -16,12 +16,13 @@ import pytest
 
 from onceflow import cli
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator, retention_interval
+from onceflow.coordinator import Coordinator
 from onceflow.errors import ConfigError
 from onceflow.ledger import DeadLetter, EpochStatus, Ledger, OffsetGap
 from onceflow.ledger.records import Epoch
 from onceflow.ledger.retention import RetentionPolicy
 from onceflow.offsets import OffsetRange
+from onceflow.retaining import retention_interval
 from onceflow.sinks.base import Committable
 from onceflow.testing import RecordingCommitter
 
@@ -66,7 +67,7 @@ class History:
             Committable(self.pipeline, epoch.number, 0, task, "a0", sink, record_count=10)
             for sink, task in TASKS
         ]
-        self.ledger.register_slice(self.pipeline, epoch.number, epoch.attempt_token, committables, letters)
+        self.ledger.precommit_slice(self.pipeline, epoch.number, epoch.attempt_token, committables, letters)
 
     def commit(self, epoch: Epoch) -> Epoch:
         done = self.coordinator.commit(number=epoch.number)
@@ -138,7 +139,7 @@ def check_never_deletes_the_epoch_in_flight(ledger: Ledger) -> None:
     h.run(5)
     in_flight = h.plan()
     h.precommit(in_flight, [letter(3)])
-    ledger.decide_commit(P, in_flight.number)  # COMMITTING: recover must be able to finish it
+    ledger.record_commit_decision(P, in_flight.number)  # COMMITTING: recover must be able to finish it
 
     result = ledger.retain(P, policy(1), now=datetime.now(UTC) + 30 * WEEK)
 
@@ -376,14 +377,14 @@ def test_cli_retain_prints_one_line_per_kind(
 
 
 def test_a_cleared_process_task_of_a_deleted_epoch_has_nothing_to_do(ledger: Ledger) -> None:
-    from onceflow.coordinator import PlanResult
+    from onceflow.step_results import PlanResult
 
     h = History(ledger)
     first = h.run(3)[0]
     ledger.retain(P, policy(1))
     planned = PlanResult("planned", P, first.number, first.attempt_token, slices_with_tasks=(0,))
-    epoch, why = h.coordinator.slice_to_process(planned, 0)
-    assert epoch is None and "removed by ledger retention" in why
+    gate = h.coordinator.slice_to_process(planned, 0)
+    assert gate.verdict == "skip" and gate.epoch is None and "removed by ledger retention" in gate.line
 
 
 def test_a_failing_retention_never_fails_the_commit(

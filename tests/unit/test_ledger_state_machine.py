@@ -205,12 +205,12 @@ class LedgerMachine(RuleBasedStateMachine):
         assert e is not None
         if e.status in ("ABORTING", "ABORTED"):
             with pytest.raises(IllegalTransition):
-                self.ledger.decide_commit(self.p, e.number)
+                self.ledger.record_commit_decision(self.p, e.number)
         elif e.status == "PLANNED" and not self.ready(e):
             with pytest.raises(ParticipantsMissing):
-                self.ledger.decide_commit(self.p, e.number)
+                self.ledger.record_commit_decision(self.p, e.number)
         else:
-            self.ledger.decide_commit(self.p, e.number)
+            self.ledger.record_commit_decision(self.p, e.number)
             if e.status == "PLANNED":
                 e.status = "COMMITTING"
 
@@ -227,7 +227,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 Coordinator(self.ledger, self.p, self.sinks).commit(number=e.number)
         elif crash_after_first_sink and e.status != "COMMITTED":
             # The coordinator dies after deciding and committing one sink's output, before marking it.
-            self.ledger.decide_commit(self.p, e.number)
+            self.ledger.record_commit_decision(self.p, e.number)
             e.status = "COMMITTING"
             first = sorted({s for s, _ in e.expected})[0]
             parts = [p.committable for p in self.ledger.participants(self.p, e.number) if p.sink == first]
@@ -248,9 +248,9 @@ class LedgerMachine(RuleBasedStateMachine):
             with pytest.raises(IllegalTransition):
                 Coordinator(self.ledger, self.p, self.sinks).abort(number=e.number, reason="random abort")
             with pytest.raises(IllegalTransition):
-                self.ledger.decide_abort(self.p, e.number, "random abort")
+                self.ledger.record_abort_decision(self.p, e.number, "random abort")
         elif crash_before_rollback and e.status != "ABORTED":
-            self.ledger.decide_abort(self.p, e.number, "crash follows")
+            self.ledger.record_abort_decision(self.p, e.number, "crash follows")
             e.status = "ABORTING"
         else:
             assert (

@@ -121,8 +121,8 @@ def test_lists_are_frozen_and_config_cannot_change_behind_the_spec() -> None:
         ),
         (lambda: make(sinks=[SinkSpec("onceflow_state", "files")]), "reserved for the keyed state"),
         (
-            lambda: make(sinks=[SinkSpec("out", "kafka", {"topic": "x"})], on_rerun="replace"),
-            r"on_rerun='replace': sinks \['out \(kafka\)'\] are append-only",
+            lambda: make(state=StateSpec(keys=("k",), reducer="count"), on_rerun="replace"),
+            "on_rerun='replace': keyed state would fold the interval's records twice",
         ),
         (lambda: make(on_rerun="again"), "on_rerun='again': expected one of"),
         (

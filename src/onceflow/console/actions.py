@@ -24,9 +24,12 @@ ACTIONS: tuple[Action, ...] = ("commit", "abort", "recover")
 
 
 def refusal_line(exc: BaseException) -> str:
-    """A refusal on one line; the coordinator's refusals already begin with e.g. "commit refused: "."""
+    """A refusal on one line: the invariants' own (`Refused`) begin with e.g. "commit refused: " already;
+    any other refused transition (participants missing, a stale token) is prefixed "refused: "."""
+    from onceflow.ledger import Refused
+
     line = one_line(exc)
-    return line if " refused: " in line[:20] else f"refused: {line}"
+    return line if isinstance(exc, Refused) else f"refused: {line}"
 
 
 @dataclass(frozen=True)

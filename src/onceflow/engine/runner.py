@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Literal, TypeAlias
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator, EpochOwned, PlanResult, RecoveryReport, owner_of_this_process
+from onceflow.coordinator import Coordinator, EpochOwned
 from onceflow.engine.connect import connect_sessions, pipeline_modules, spark_remote
 from onceflow.engine.failures import cause_in_output, failure_line
 from onceflow.engine.local_slice import check_local, run_slice_local
@@ -27,7 +27,9 @@ from onceflow.engine.slice_job import run_slice
 from onceflow.engine.submit import submit_slice
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.ledger import Epoch, Ledger
+from onceflow.owners import owner_of_this_process
 from onceflow.pipeline import Pipeline, load_pipeline
+from onceflow.step_results import PlanResult, RecoveryReport
 
 # "spark": Spark Connect when a remote is set, else spark-submit; the others choose one way.
 Executor: TypeAlias = Literal["spark", "connect", "submit", "local"]
@@ -147,7 +149,7 @@ def run_epoch(
         if runner == "connect":  # one warm session for every slice, the pipeline's modules bundled once
             assert remote is not None
             sessions = connect_sessions(remote, pipeline_modules(spec, pipeline_path), epoch.attempt_token)
-        with coordinator.lease_kept(epoch.number):
+        with coordinator.renewing_lease(epoch.number):
             for slice_number in planned.slices_with_tasks:
                 if runner == "local":
                     try:

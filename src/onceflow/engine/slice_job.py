@@ -34,16 +34,17 @@ from typing import Any
 
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator
+from onceflow.decisions import slice_refusal
 from onceflow.engine.failures import failure_line
 from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, decoded_read
-from onceflow.engine.planning import slices_of
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.executor.arrow_rows import arrow_schema
 from onceflow.executor.slices import SliceRef
 from onceflow.executor.writing import TaskReport, write_task_batches
 from onceflow.faults import crash_point
-from onceflow.ledger import Epoch, EpochStatus, IllegalTransition, Ledger, PrecommitRefused
+from onceflow.ledger import Epoch, IllegalTransition, Ledger, PrecommitRefused
 from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
+from onceflow.planning import slices_of
 from onceflow.records import DeadLetter
 from onceflow.sinks.registry import sink_kind
 from onceflow.sources.kafka_planning import ReadTask
@@ -79,15 +80,9 @@ def open_slice(
     assert spec is not None and settings is not None
     # 1. The epoch must still be PLANNED under this token.
     epoch = coordinator.ledger.epoch(spec.name, epoch_number)
-    runnable = epoch.status == EpochStatus.PLANNED or (
-        spec.commits_before_processing and epoch.status == EpochStatus.COMMITTED
-    )
-    if not runnable or epoch.attempt_token != attempt_token:
-        raise SliceFailed(
-            f"{epoch} is {epoch.status} with another attempt token than this job's; nothing was processed"
-            if epoch.attempt_token != attempt_token
-            else f"{epoch} is {epoch.status}; a slice job only runs for a PLANNED epoch"
-        )
+    refusal = slice_refusal(epoch, at_most_once=spec.commits_before_processing, attempt_token=attempt_token)
+    if refusal is not None:
+        raise SliceFailed(refusal)
     # 2. The slice's read tasks.
     plan = slices_of(spec, epoch.ranges)[slice_number]
     log(f"{epoch}: slice {slice_number} has {len(plan.tasks)} read tasks over {len(plan.ranges)} partitions")
@@ -115,7 +110,7 @@ def precommit_slice(
     """Step 6, shared by the Spark job and the local executor; returns the slice's summary."""
     crash_point("slice_after_tasks")
     try:
-        done = coordinator.register_slice(
+        done = coordinator.precommit_slice(
             epoch,
             attempt_token,
             [r.to_committable() for r in reports],
@@ -175,7 +170,7 @@ def run_slice(
         epoch, ref, tasks = open_slice(coordinator, epoch_number, slice_number, attempt_token)
         if not tasks:
             return {"slice": slice_number, "tasks": 0, "results": []}
-        stack.enter_context(coordinator.lease_kept(epoch.number))
+        stack.enter_context(coordinator.renewing_lease(epoch.number))
         try:
             with session(spec, ref) as spark:
                 reports, dead = process_on_spark(spark, spec, settings, ref, tasks)

@@ -61,6 +61,11 @@ class IllegalTransition(LedgerError):
     """The epoch's current status does not allow the requested transition."""
 
 
+class Refused(IllegalTransition):
+    """The invariants forbid what was asked (commit of an aborted epoch, abort of a decided one);
+    nothing was changed. The message is the same whichever door asked (`onceflow.ledger.refusals`)."""
+
+
 class ParticipantsMissing(IllegalTransition):
     """Invariant 4: the decision to commit needs every expected participant PRECOMMITTED."""
 
@@ -71,3 +76,13 @@ class MissingCommitter(LedgerError):
 
 class SinkCallFailed(LedgerError):
     """A committer's commit or abort raised; the epoch stays as it is and the call is retried later."""
+
+
+class SinkCallRetryLater(SinkCallFailed):
+    """The committer asked to be called later, and still did after the coordinator's pauses; the next
+    commit, abort or recover calls it again."""
+
+
+class SinkCallFailedKnown(SinkCallFailed):
+    """The committer failed for a reason it knows and no retry mends; a retried task would fail the
+    same way, so the doors fail without retrying and show the line to a human."""

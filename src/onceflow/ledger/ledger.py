@@ -37,6 +37,7 @@ from onceflow.ledger.errors import (
     LosingAttempt,
     OffsetGap,
     ParticipantsMissing,
+    Refused,
     StaleAttemptToken,
     UnexpectedParticipant,
     UnknownEpoch,
@@ -54,7 +55,8 @@ from onceflow.ledger.models import (
     StateSnapshotRow,
     utcnow,
 )
-from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter
+from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter, where
+from onceflow.ledger.refusals import abort_refusal, commit_refusal
 from onceflow.ledger.retention import RetentionPolicy, RetentionResult
 from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
@@ -73,13 +75,9 @@ def staged_location(committable: Committable) -> str | None:
     return None
 
 
-def _where(pipeline: str, number: int) -> str:
-    return f"epoch {number} of pipeline {pipeline!r}"
-
-
 @dataclass(frozen=True)
 class Registration:
-    """What `Ledger.register_slice` did: the participants it holds now, and the attempts that lost."""
+    """What `Ledger.precommit_slice` did: the participants it holds now, and the attempts that lost."""
 
     accepted: tuple[Participant, ...]
     lost: tuple[Committable, ...]
@@ -438,7 +436,7 @@ class Ledger:
             row = self._epoch_row(s, pipeline, number, lock="update")
             if row.status != EpochStatus.PLANNED:
                 raise IllegalTransition(
-                    f"cannot renew the attempt token of {_where(pipeline, number)}: it is {row.status}"
+                    f"cannot renew the attempt token of {where(pipeline, number)}: it is {row.status}"
                 )
             token = secrets.token_hex(16)
             self._cas(s, pipeline, number, EpochStatus.PLANNED, EpochStatus.PLANNED, attempt_token=token)
@@ -465,31 +463,31 @@ class Ledger:
     def _check_fence(self, row: EpochRow, token: str, what: str, *, committed_ok: bool = False) -> None:
         if row.status != EpochStatus.PLANNED and not (committed_ok and row.status == EpochStatus.COMMITTED):
             raise EpochNotPlanned(
-                f"{_where(row.pipeline, row.epoch)} is {row.status}, not PLANNED: {what} refused "
+                f"{where(row.pipeline, row.epoch)} is {row.status}, not PLANNED: {what} refused "
                 "(the caller must roll back its own staging)"
             )
         if token != row.attempt_token:
             raise StaleAttemptToken(
-                f"{_where(row.pipeline, row.epoch)}: {what} refused, its attempt token is not the current "
+                f"{where(row.pipeline, row.epoch)}: {what} refused, its attempt token is not the current "
                 "one (a zombie of a superseded attempt; the caller must roll back its own staging)"
             )
 
     def register_precommit(self, committable: Committable, attempt_token: str) -> Participant:
         """Register one pre-commit; `LosingAttempt` when another attempt of its task won (see
-        `register_slice`, which this is a one-committable case of)."""
-        done = self.register_slice(committable.pipeline, committable.epoch, attempt_token, [committable])
+        `precommit_slice`, which this is a one-committable case of)."""
+        done = self.precommit_slice(committable.pipeline, committable.epoch, attempt_token, [committable])
         if done.lost:
             c = done.lost[0]
             winner = next(
                 p for p in self.participants(c.pipeline, c.epoch) if (p.sink, p.task) == (c.sink, c.task)
             )
             raise LosingAttempt(
-                f"{_where(c.pipeline, c.epoch)}: pre-commit of sink {c.sink!r} task {c.task!r} attempt "
+                f"{where(c.pipeline, c.epoch)}: pre-commit of sink {c.sink!r} task {c.task!r} attempt "
                 f"{c.attempt!r} refused, attempt {winner.attempt!r} of that task registered first and won"
             )
         return done.accepted[0]
 
-    def register_slice(
+    def precommit_slice(
         self,
         pipeline: str,
         number: int,
@@ -529,7 +527,7 @@ class Ledger:
                     for c in committables:
                         if (c.pipeline, c.epoch) != (pipeline, number) or (c.sink, c.task) not in expected:
                             raise UnexpectedParticipant(
-                                f"{_where(pipeline, number)}: {what} refused, (sink, task) "
+                                f"{where(pipeline, number)}: {what} refused, (sink, task) "
                                 f"({c.sink!r}, {c.task!r}) of epoch {c.epoch} is not an expected participant"
                             )
                         winner = existing.get((c.sink, c.task))
@@ -585,7 +583,7 @@ class Ledger:
     ) -> None:
         if not self._cas(s, row.pipeline, row.epoch, old, new, **values):
             raise IllegalTransition(
-                f"{_where(row.pipeline, row.epoch)} changed concurrently: it is no longer {old}, "
+                f"{where(row.pipeline, row.epoch)} changed concurrently: it is no longer {old}, "
                 f"so it cannot become {new}"
             )
         row.status = new.value
@@ -599,7 +597,7 @@ class Ledger:
             .order_by(ParticipantRow.sink, ParticipantRow.task)
         ).all()
 
-    def decide_commit(self, pipeline: str, number: int) -> Epoch:
+    def record_commit_decision(self, pipeline: str, number: int) -> Epoch:
         """Write the durable decision to commit: PLANNED -> COMMITTING (idempotent once decided).
 
         Only when every expected participant is PRECOMMITTED (invariant 4); refused once an abort began
@@ -610,11 +608,9 @@ class Ledger:
             status = EpochStatus(row.status)
             if status in (EpochStatus.COMMITTING, EpochStatus.COMMITTED):
                 return self._to_epoch(s, row)
-            from onceflow.decisions import commit_refusal  # pure; imported here as it reads ledger records
-
             refusal = commit_refusal(self._to_epoch(s, row))
             if refusal is not None:
-                raise IllegalTransition(refusal)
+                raise Refused(refusal)
             reported = {(p.sink, p.task) for p in self._participant_rows(s, pipeline, number)}
             expected = [(str(a), str(b)) for a, b in json.loads(row.expected_participants)]
             missing = [pair for pair in expected if pair not in reported]
@@ -622,7 +618,7 @@ class Ledger:
                 names = ", ".join(f"{sink}/{task}" for sink, task in missing[:10])
                 more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
                 raise ParticipantsMissing(
-                    f"cannot commit {_where(pipeline, number)}: {len(missing)} of {len(expected)} expected "
+                    f"cannot commit {where(pipeline, number)}: {len(missing)} of {len(expected)} expected "
                     f"participants have not pre-committed ({names}{more})"
                 )
             self._transition(s, row, EpochStatus.PLANNED, EpochStatus.COMMITTING, decided_at=utcnow())
@@ -644,7 +640,7 @@ class Ledger:
                 return 0
             if row.status != during:
                 raise IllegalTransition(
-                    f"cannot mark sink {sink!r} of {_where(pipeline, number)} {to}: the epoch is "
+                    f"cannot mark sink {sink!r} of {where(pipeline, number)} {to}: the epoch is "
                     f"{row.status}, not {during}"
                 )
             result = s.execute(
@@ -711,18 +707,16 @@ class Ledger:
             f"(`onceflow commit {pipeline} {number}`)",
         )
 
-    def decide_abort(self, pipeline: str, number: int, reason: str) -> Epoch:
+    def record_abort_decision(self, pipeline: str, number: int, reason: str) -> Epoch:
         """PLANNED -> ABORTING; idempotent once aborting; refused once decided (invariant 5)."""
         with self._tx() as s:
             row = self._epoch_row(s, pipeline, number, lock="update")
             status = EpochStatus(row.status)
             if status in (EpochStatus.ABORTING, EpochStatus.ABORTED):
                 return self._to_epoch(s, row)
-            from onceflow.decisions import abort_refusal
-
             refusal = abort_refusal(self._to_epoch(s, row))
             if refusal is not None:
-                raise IllegalTransition(refusal)
+                raise Refused(refusal)
             self._transition(s, row, EpochStatus.PLANNED, EpochStatus.ABORTING, abort_reason=reason)
             return self._to_epoch(s, row)
 
@@ -756,7 +750,7 @@ class Ledger:
                 return self._to_epoch(s, row)
             if row.status != current:
                 raise IllegalTransition(
-                    f"cannot finish {verb} {_where(pipeline, number)}: it is {row.status}, not {current}"
+                    f"cannot finish {verb} {where(pipeline, number)}: it is {row.status}, not {current}"
                 )
             pending = [
                 f"{p.sink}/{p.task}"
@@ -765,7 +759,7 @@ class Ledger:
             ]
             if pending:
                 raise IllegalTransition(
-                    f"cannot finish {verb} {_where(pipeline, number)}: "
+                    f"cannot finish {verb} {where(pipeline, number)}: "
                     + pending_message.format(", ".join(pending))
                 )
             self._transition(s, row, current, final, finished_at=utcnow())

@@ -11,6 +11,11 @@ from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
 
 
+def where(pipeline: str, number: int) -> str:
+    """How every message names an epoch: ``epoch 3 of pipeline 'clicks'``."""
+    return f"epoch {number} of pipeline {pipeline!r}"
+
+
 @dataclass(frozen=True)
 class Epoch:
     pipeline: str
@@ -38,7 +43,7 @@ class Epoch:
         return tuple(sorted({sink for sink, _ in self.expected}))
 
     def __str__(self) -> str:
-        return f"epoch {self.number} of pipeline {self.pipeline!r} ({self.status})"
+        return f"{where(self.pipeline, self.number)} ({self.status})"
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ import pytest
 
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator
-from onceflow.decisions import abort_refusal
 from onceflow.ledger import EpochStatus, Ledger
+from onceflow.ledger.refusals import abort_refusal
 from tests.integration.airflow.helpers import stop_process_groups
 from tests.integration.engine.data import produce
 from tests.ports import free_port

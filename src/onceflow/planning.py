@@ -1,20 +1,47 @@
-"""What the plan step computes: slices and read tasks, participants, and the checks made before planning.
+"""What the plan step computes: ranges, slices and read tasks, participants and their committers, and the
+checks made before planning.
 
-Pure functions of the spec and the ranges (so every process agrees on the same slices and tasks), plus
-the plan-time checks that refuse a spec whose sinks would certainly fail or weaken its guarantee later.
-The coordinator (`onceflow.coordinator.Coordinator.plan`) runs them and writes the plan to the ledger.
+Pure functions of the spec and the ranges (so every process agrees on the same slices and tasks), the
+read of Kafka's offsets that bounds an epoch, and the plan-time checks that refuse a spec whose sinks
+would certainly fail or weaken its guarantee later. The coordinator (`onceflow.coordinator`) runs them
+and writes the plan to the ledger; the slice drivers use the same slices.
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from onceflow.config import Settings
 from onceflow.errors import ConfigError
 from onceflow.ledger import Epoch, EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import STATE_SINK, Pipeline, SinkSpec
-from onceflow.sinks.registry import sink_kind
+from onceflow.sinks.base import SinkCommitter
+from onceflow.sinks.registry import known_kinds, sink_kind
 from onceflow.sources.kafka_planning import EpochPlan, SlicePlan, assign_slices
 from onceflow.state.store import state_sink
+
+
+def next_ranges(
+    spec: Pipeline,
+    ledger: Ledger,
+    settings: Settings,
+    *,
+    data_interval: tuple[datetime, datetime] | None = None,
+    max_records_per_partition: int | None = None,
+) -> EpochPlan:
+    """The ranges the next epoch reads: from the committed positions to Kafka's stable offsets, bounded
+    by the data interval's end and the per-partition limit."""
+    from onceflow.sources.kafka_metadata import KafkaMetadata
+
+    interval_end_ms = int(data_interval[1].timestamp() * 1000) if data_interval else None
+    with KafkaMetadata(settings.kafka_bootstrap) as metadata:
+        return metadata.plan(
+            spec.source,
+            ledger.committed_offsets(spec.name),
+            max_records_per_partition=max_records_per_partition or spec.max_records_per_partition,
+            interval_end_ms=interval_end_ms,
+        )
 
 
 def slices_of(spec: Pipeline, ranges: tuple[OffsetRange, ...]) -> tuple[SlicePlan, ...]:
@@ -26,6 +53,15 @@ def participant_sinks(spec: Pipeline, settings: Settings | None = None) -> tuple
     """The user's sinks plus, for a stateful pipeline, the internal sink of its state snapshot."""
     state = state_sink(spec, settings)
     return spec.sinks if state is None else (*spec.sinks, state)
+
+
+def committers_for(spec: Pipeline, settings: Settings | None = None) -> dict[str, SinkCommitter]:
+    """A committer per participant sink of the pipeline (its sinks, plus its keyed state's)."""
+    committers = {}
+    for sink in participant_sinks(spec, settings):
+        kind = sink_kind(sink.kind)
+        committers[sink.name] = kind.build_committer(kind.config_for(sink, settings))
+    return committers
 
 
 def expected_participants(spec: Pipeline, slices: tuple[SlicePlan, ...]) -> list[tuple[str, str]]:
@@ -75,6 +111,21 @@ def check_guarantee(spec: Pipeline) -> None:
             )
 
 
+def check_rerun(spec: Pipeline) -> None:
+    """Refuse ``on_rerun="replace"`` unless every sink's kind can take an interval's earlier output back
+    atomically: an append-only sink would deliver the interval twice."""
+    if spec.on_rerun != "replace":
+        return
+    replaceable = [k for k in known_kinds() if sink_kind(k).replaceable]
+    append_only = [f"{s.name} ({s.kind})" for s in spec.sinks if not sink_kind(s.kind).replaceable]
+    if append_only:
+        raise ConfigError(
+            f"on_rerun='replace': sinks {append_only} are append-only: they cannot take an interval's "
+            "earlier output back, so replacing it would deliver it twice (only "
+            f"{' and '.join(replaceable)} sinks replace atomically)"
+        )
+
+
 def run_plan_checks(
     spec: Pipeline, settings: Settings | None = None, parallel_tasks: int | None = None
 ) -> None:
@@ -82,6 +133,7 @@ def run_plan_checks(
     sink kind's own checks, given the configs of all the pipeline's sinks of that kind and how many tasks
     of one epoch write to each (``parallel_tasks``: the epoch's read tasks once its ranges are known)."""
     check_guarantee(spec)
+    check_rerun(spec)
     if spec.transform is not None:
         spec.load_transform()  # a transform that cannot be imported fails now, not inside Spark
     parallel = max(spec.slices, 1) if parallel_tasks is None else parallel_tasks
