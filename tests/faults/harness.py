@@ -95,10 +95,12 @@ def named_fault(name: str, skip: int = 0) -> Fault:
         return Fault(name, (("epoch", Crash("before_decision")), ("abort", Crash("during_abort"))))
     if name == "during_recover":  # the coordinator dies decided; the first recovery dies midway
         return Fault(name, (("epoch", Crash("after_decision")), ("recover", Crash("during_recover"))))
+    if name == "recovered_before_complete":  # recovery dies with every participant committed, not marked
+        return Fault(name, (("epoch", Crash("after_decision")), ("recover", Crash("before_complete"))))
     return _epoch_fault(name, skip)
 
 
-FAULT_NAMES: tuple[str, ...] = (*EPOCH_POINTS, "during_abort", "during_recover")
+FAULT_NAMES: tuple[str, ...] = (*EPOCH_POINTS, "during_abort", "during_recover", "recovered_before_complete")
 
 
 @dataclass
@@ -377,8 +379,8 @@ class FaultRun:
 def random_schedule(seed: int, count: int) -> list[tuple[Fault, int, int, tuple[str, ...]]]:
     """``count`` faults chosen from the seed: (fault, good records, aborted records, bad records).
 
-    Faults come in rounds that each hold every named fault once, shuffled, so any 15 consecutive faults
-    cover the whole protocol; within a round the seed picks the order, each crash's timing (how many hits
+    Faults come in rounds that each hold every named fault once, shuffled, so each round (17 faults)
+    covers the whole protocol; within a round the seed picks the order, each crash's timing (how many hits
     of its point pass first) and the workload before it.
     """
     rng = random.Random(seed)

@@ -4,7 +4,7 @@ Task-level points kill a Spark Python worker (the master allows a retry, so the 
 others kill the Spark driver or the coordinator. After each fault: recovery, catch-up, every invariant.
 By default the points inside or right around the Spark job run (the coordinator's own points run in
 `test_random_faults` with the local executor, through the same committers); ONCEFLOW_FAULTS_MATRIX=all
-runs every named fault on Spark (15 faults, about nine minutes on two cores).
+runs every named fault on Spark (17 faults, about ten minutes on two cores).
 Then the bad-input run: every kind of bad record, mixed into the stream, dead-lettered with its reason
 and offset while every good record is delivered once and the pipeline keeps going.
 """
