@@ -20,33 +20,29 @@ running any of them again after a crash anywhere picks up where the last run sto
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 
 from onceflow.committables import Committable
+from onceflow.committer_calls import call_committer
 from onceflow.config import Settings
-from onceflow.decisions import OrphanAction, classify_orphan, decide_plan, decide_recovery, slice_refusal
+from onceflow.decisions import decide_plan, decide_recovery, slice_refusal
 from onceflow.epoch_report import report_lines
-from onceflow.errors import ConfigError, one_line
+from onceflow.errors import ConfigError
 from onceflow.faults import crash_point
+from onceflow.leases import renewing
 from onceflow.ledger import (
     Epoch,
     EpochStatus,
     IllegalTransition,
     Ledger,
     MissingCommitter,
-    Participant,
     ParticipantStatus,
     PrecommitRefused,
     Refused,
-    SinkCallFailed,
     UnknownEpoch,
 )
-from onceflow.ledger.errors import SinkCallFailedKnown, SinkCallRetryLater
 from onceflow.ledger.ledger import Registration
 from onceflow.ledger.models import utcnow
 from onceflow.ledger.refusals import abort_refusal, commit_refusal
@@ -59,6 +55,8 @@ from onceflow.planning import (
     describe_slices,
     expected_participants,
     next_ranges,
+    plan_result,
+    planned_lines,
     replaced_epochs,
     run_plan_checks,
     slices_of,
@@ -67,13 +65,9 @@ from onceflow.positions import publish_position
 from onceflow.records import DeadLetter
 from onceflow.retaining import retain, retain_after_commit
 from onceflow.sinks.base import SinkCommitter
-from onceflow.sinks.errors import KnownFailure, RetryLater
 from onceflow.sources.kafka_planning import EpochPlan, SlicePlan
 from onceflow.step_results import PlanResult, PlanStatus, RecoveryReport, SliceGate
-
-# A committer that says "retry later" is called again this many times, after these pauses, before the
-# step gives up for now (the epoch stays as it is, and the next commit, abort or recover goes on).
-RETRY_LATER_PAUSES_S = (0.5, 1.0, 2.0)
+from onceflow.sweeper import sweep_orphans
 
 
 class EpochOwned(IllegalTransition):
@@ -146,41 +140,6 @@ class Coordinator:
 
     def _registered_sinks(self, epoch: Epoch) -> list[str]:
         return sorted({p.sink for p in self.ledger.participants(self.pipeline, epoch.number)})
-
-    def _call(self, epoch: Epoch, sink: str, action: str, committables: list[Committable]) -> None:
-        """One committer call, with its outcome as Flink's ``CommitRequest`` has them: done (also when
-        the committer finds it done already), retry later (called again after a pause, then left to the
-        next step), failed for a known reason (no retry helps: one line for a human), or failed."""
-        committer = self.committers[sink]
-        call = committer.commit if action == "commit" else committer.abort
-        for pause in (*RETRY_LATER_PAUSES_S, None):
-            try:
-                call(committables)
-                return
-            except RetryLater as exc:
-                if pause is None:
-                    raise SinkCallRetryLater(self._failure(epoch, sink, action, committables, exc)) from exc
-                self.log(f"{epoch}: sink {sink!r} asks to retry the {action} later ({one_line(exc)})")
-                time.sleep(pause)
-            except KnownFailure as exc:
-                raise SinkCallFailedKnown(
-                    f"{epoch}: {action} of {len(committables)} committable(s) of sink {sink!r} failed "
-                    f"({type(exc).__name__}: {one_line(exc)}); retrying cannot help: the epoch stays "
-                    f"{epoch.status} until the cause is mended"
-                ) from exc
-            except Exception as exc:
-                raise SinkCallFailed(self._failure(epoch, sink, action, committables, exc)) from exc
-
-    @staticmethod
-    def _failure(
-        epoch: Epoch, sink: str, action: str, committables: list[Committable], exc: Exception
-    ) -> str:
-        return (
-            f"{epoch}: {action} of {len(committables)} committable(s) of sink {sink!r} failed "
-            f"({type(exc).__name__}: {one_line(exc)}); "
-            f"the epoch stays {epoch.status} and the {action} is retried by the next commit, abort or "
-            "recover"
-        )
 
     def _by_sink(self, epoch: Epoch) -> dict[str, list[Committable]]:
         grouped: dict[str, list[Committable]] = {}
@@ -277,7 +236,7 @@ class Coordinator:
             status: PlanStatus = "planned" if decision.action == "reuse" else "already_committed"
             if decision.action == "reuse":
                 self.renew_lease(decision.epoch.number)
-            return self._result(status, decision.epoch, [decision.line])
+            return plan_result(spec, status, decision.epoch, [decision.line])
         if decision.action == "wait":
             raise EpochOwned(decision.line)
         # 2.
@@ -299,23 +258,10 @@ class Coordinator:
         )
         # 5.
         epoch = self._record(epoch_plan, slices, run_id, owner, data_interval, None)
-        lines = [
-            f"{epoch}: {epoch_plan.span} offsets in {len(epoch_plan.ranges)} partitions, "
-            f"{len(epoch.expected)} participants, owner {owner}"
-            + (
-                f", data interval {data_interval[0].isoformat()} .. {data_interval[1].isoformat()}"
-                if data_interval
-                else ""
-            ),
-            *describe_slices(epoch_plan, slices),
-        ]
-        if data_interval is not None and epoch_plan.is_empty:
-            lines.append(
-                "  nothing new up to the interval's end (a later interval's epoch may have read it already)"
-            )
+        lines = planned_lines(epoch, epoch_plan, slices, owner, data_interval)
         for line in lines:
             self.log(line)
-        return self._result("planned", epoch, lines, epoch_plan.backlog)
+        return plan_result(spec, "planned", epoch, lines, epoch_plan.backlog)
 
     def _record(
         self,
@@ -355,21 +301,7 @@ class Coordinator:
             f"over the ranges of {done}, and will replace its output when it commits (on_rerun='replace')"
         )
         self.log(line)
-        return self._result("planned", epoch, [line, *describe_slices(epoch_plan, slices)])
-
-    def _result(self, status: PlanStatus, epoch: Epoch, lines: list[str], backlog: int = 0) -> PlanResult:
-        spec, _ = self._need_spec("plan")
-        slices = slices_of(spec, epoch.ranges)
-        return PlanResult(
-            status=status,
-            pipeline=spec.name,
-            epoch=epoch.number,
-            attempt_token=epoch.attempt_token,
-            slices_with_tasks=tuple(s.slice for s in slices if s.tasks),
-            lines=tuple(lines),
-            span=sum(r.span for r in epoch.ranges),
-            backlog=backlog,
-        )
+        return plan_result(spec, "planned", epoch, [line, *describe_slices(epoch_plan, slices)])
 
     # ---------------------------------------------------------------------------------- process
 
@@ -441,7 +373,7 @@ class Coordinator:
         self._roll_back(list(done.lost))
         # 3.
         if tasks and not self._at_most_once:
-            self._sweep(RecoveryReport(pipeline=self.pipeline), epoch.number, set(tasks))
+            sweep_orphans(self.ledger, self.pipeline, self.committers, only=(epoch.number, set(tasks)))
         return done
 
     def _roll_back(self, committables: list[Committable]) -> None:
@@ -452,27 +384,11 @@ class Coordinator:
         """Keep the owner's lease on an epoch in flight; False once the epoch is final."""
         return self.ledger.renew_lease(self.pipeline, number, self._lease_s())
 
-    @contextmanager
-    def renewing_lease(self, number: int) -> Iterator[None]:
+    def renewing_lease(self, number: int) -> AbstractContextManager[None]:
         """`renew_lease` in the background while the block runs (a runner's heartbeat)."""
-        stop = threading.Event()
-        period = max(self._lease_s() / 3, 0.5)
-
-        def beat() -> None:
-            while not stop.wait(period):
-                try:
-                    if not self.renew_lease(number):
-                        return
-                except Exception as exc:  # a ledger hiccup: the next beat tries again
-                    self.log(f"lease renewal of epoch {number} failed ({exc}); retrying")
-
-        thread = threading.Thread(target=beat, name=f"onceflow-lease-{number}", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(timeout=5)
+        return renewing(
+            lambda: self.renew_lease(number), self._lease_s() / 3, self.log, f"lease of epoch {number}"
+        )
 
     # ----------------------------------------------------------------------------------- commit
 
@@ -525,7 +441,7 @@ class Coordinator:
         for i, (sink, committables) in enumerate(sorted(self._by_sink(epoch).items())):
             if i:
                 crash_point("between_commits")
-            self._call(epoch, sink, "commit", committables)
+            call_committer(self.committers[sink], epoch, sink, "commit", committables, self.log)
             crash_point("participant_committed")
             committed += self.ledger.mark_committed(self.pipeline, epoch.number, sink)
         crash_point("before_complete")
@@ -584,7 +500,7 @@ class Coordinator:
         # 4.
         aborted = 0
         for sink, committables in sorted(self._by_sink(epoch).items()):
-            self._call(epoch, sink, "abort", committables)
+            call_committer(self.committers[sink], epoch, sink, "abort", committables, self.log)
             aborted += self.ledger.mark_aborted(self.pipeline, epoch.number, sink)
         # 5.
         return self.ledger.complete_abort(self.pipeline, epoch.number), aborted
@@ -640,66 +556,7 @@ class Coordinator:
         2. Classify each (`decisions.classify_orphan`): unknown and aborted epochs, unexpected tasks and
            losing attempts are rolled back; staging a live epoch may still register is kept.
         """
-        return self._sweep(report or RecoveryReport(pipeline=self.pipeline), None, None)
-
-    def _sweep(
-        self, report: RecoveryReport, only_epoch: int | None, tasks: set[str] | None
-    ) -> RecoveryReport:
-        # 1.
-        found: dict[tuple[int, str, str, str], tuple[Committable, SinkCommitter]] = {}
-        for sink, committer in sorted(self.committers.items()):
-            for orphan in self._orphans(sink, committer):
-                if only_epoch is not None and (
-                    orphan.epoch != only_epoch or orphan.task not in (tasks or ())
-                ):
-                    continue
-                found.setdefault(
-                    (orphan.epoch, orphan.sink, orphan.task, orphan.attempt), (orphan, committer)
-                )
-        if not found:
-            return report
-        if only_epoch is None:
-            epochs = {e.number: e for e in self.ledger.epochs(self.pipeline)}
-        else:
-            epochs = {only_epoch: self.ledger.epoch(self.pipeline, only_epoch)}
-        winners: dict[int, dict[tuple[str, str], Participant]] = {}
-        actions: dict[OrphanAction, list[tuple[Committable, SinkCommitter]]] = {
-            "abort": [],
-            "commit": [],
-            "keep": [],
-        }
-        # 2.
-        for orphan, committer in found.values():
-            epoch = epochs.get(orphan.epoch)
-            if epoch is not None and epoch.number not in winners:
-                winners[epoch.number] = {
-                    (p.sink, p.task): p for p in self.ledger.participants(self.pipeline, epoch.number)
-                }
-            winner = None if epoch is None else winners[epoch.number].get((orphan.sink, orphan.task))
-            action = classify_orphan(orphan, epoch, winner)
-            # Re-commit with the committable the ledger holds: it is the full handle the writer reported.
-            chosen = winner.committable if action == "commit" and winner is not None else orphan
-            actions[action].append((chosen, committer))
-        for orphan, committer in actions["abort"]:
-            committer.abort([orphan])
-        for orphan, committer in actions["commit"]:
-            committer.commit([orphan])
-        return replace(
-            report,
-            orphans_aborted=tuple(c for c, _ in actions["abort"]),
-            orphans_recommitted=tuple(c for c, _ in actions["commit"]),
-            orphans_kept=tuple(c for c, _ in actions["keep"]),
-        )
-
-    def _orphans(self, sink: str, committer: SinkCommitter) -> list[Committable]:
-        try:
-            return list(committer.orphans(self.pipeline))
-        except Exception as exc:
-            raise SinkCallFailed(
-                f"pipeline {self.pipeline!r}: the sweep could not list the staged work of sink {sink!r} "
-                f"({type(exc).__name__}: {one_line(exc)}); nothing was changed: check that the sink's "
-                "service is reachable, then run again"
-            ) from exc
+        return sweep_orphans(self.ledger, self.pipeline, self.committers, report)
 
     # ------------------------------------------------------------------------ retention, report
 

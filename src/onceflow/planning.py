@@ -20,6 +20,7 @@ from onceflow.sinks.base import SinkCommitter
 from onceflow.sinks.registry import known_kinds, sink_kind
 from onceflow.sources.kafka_planning import EpochPlan, SlicePlan, assign_slices
 from onceflow.state.store import state_sink
+from onceflow.step_results import PlanResult, PlanStatus
 
 
 def next_ranges(
@@ -83,6 +84,48 @@ def describe_slices(plan: EpochPlan, slices: tuple[SlicePlan, ...]) -> list[str]
     if plan.backlog:
         lines.append(f"  left for later epochs: {plan.backlog} offsets")
     return lines
+
+
+def planned_lines(
+    epoch: Epoch,
+    plan: EpochPlan,
+    slices: tuple[SlicePlan, ...],
+    owner: str,
+    data_interval: tuple[datetime, datetime] | None,
+) -> list[str]:
+    """What ``plan`` says of the epoch it recorded: its span, participants and owner, then its slices."""
+    interval = (
+        f", data interval {data_interval[0].isoformat()} .. {data_interval[1].isoformat()}"
+        if data_interval
+        else ""
+    )
+    lines = [
+        f"{epoch}: {plan.span} offsets in {len(plan.ranges)} partitions, {len(epoch.expected)} "
+        f"participants, owner {owner}{interval}",
+        *describe_slices(plan, slices),
+    ]
+    if data_interval is not None and plan.is_empty:
+        lines.append(
+            "  nothing new up to the interval's end (a later interval's epoch may have read it already)"
+        )
+    return lines
+
+
+def plan_result(
+    spec: Pipeline, status: PlanStatus, epoch: Epoch, lines: list[str], backlog: int = 0
+) -> PlanResult:
+    """The plan step's result for ``epoch``: the slices that have read tasks, for the process tasks."""
+    slices = slices_of(spec, epoch.ranges)
+    return PlanResult(
+        status=status,
+        pipeline=spec.name,
+        epoch=epoch.number,
+        attempt_token=epoch.attempt_token,
+        slices_with_tasks=tuple(s.slice for s in slices if s.tasks),
+        lines=tuple(lines),
+        span=sum(r.span for r in epoch.ranges),
+        backlog=backlog,
+    )
 
 
 def check_guarantee(spec: Pipeline) -> None:

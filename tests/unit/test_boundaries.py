@@ -57,3 +57,33 @@ def test_the_environment_variable_of_pipelines_is_read_in_one_module() -> None:
         str(p.relative_to(root)) for p in root.rglob("*.py") if '"ONCEFLOW_PIPELINES"' in p.read_text()
     )
     assert readers == ["catalog.py"]
+
+
+def test_planning_sits_below_the_coordinator_and_the_engine() -> None:
+    loaded = imported_after("onceflow.planning")
+    assert "onceflow.planning" in loaded
+    assert [m for m in loaded if m.startswith(("onceflow.coordinator", "onceflow.engine"))] == []
+
+
+def test_a_pipeline_spec_is_built_without_importing_any_sink() -> None:
+    code = (
+        "import json, sys\n"
+        "from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec\n"
+        "Pipeline('p', KafkaSource(('in',)), JsonFormat({'n': 'int'}),\n"
+        "         (SinkSpec('t', 'files', {'root': '/tmp/x', 'table': 't'}),), on_rerun='replace')\n"
+        "print(json.dumps(sorted(n for n in sys.modules if n.startswith('onceflow'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = json.loads(done.stdout)
+    assert "onceflow.pipeline" in loaded
+    assert [m for m in loaded if m.startswith("onceflow.sinks")] == []
+
+
+def test_the_coordinator_leaves_process_probes_and_kafka_calls_to_their_modules() -> None:
+    from pathlib import Path
+
+    import onceflow.coordinator
+
+    source = Path(onceflow.coordinator.__file__).read_text()
+    for name in ("os.kill", "socket", "KafkaMetadata", "publish_positions", "to_dict"):
+        assert name not in source, name

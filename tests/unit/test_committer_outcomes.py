@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow import coordinator as coordinator_module
+from onceflow import committer_calls
 from onceflow.committables import Committable
 from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, Ledger, SinkCallFailed, SinkCallFailedKnown, SinkCallRetryLater
@@ -47,7 +47,7 @@ def decided(tmp_path: Path, committer: RecordingCommitter) -> tuple[Ledger, Coor
 
 @pytest.fixture(autouse=True)
 def no_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coordinator_module, "RETRY_LATER_PAUSES_S", (0.0, 0.0))
+    monkeypatch.setattr(committer_calls, "RETRY_LATER_PAUSES_S", (0.0, 0.0))
 
 
 def test_retry_later_is_called_again_and_commits(tmp_path: Path) -> None:
