@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 
 from onceflow.coordinator import Coordinator, classify_orphan
 from onceflow.errors import ConfigError
@@ -26,7 +27,6 @@ from onceflow.ledger import (
     ParticipantStatus,
     SchemaMismatch,
     SinkCallFailed,
-    SnapshotStatus,
     StaleAttemptToken,
     UnexpectedParticipant,
     UnknownEpoch,
@@ -145,6 +145,55 @@ def test_upgrade_is_idempotent_and_connect_then_succeeds(ledger: Ledger, tmp_pat
     ledger.upgrade()
     again = Ledger.connect(f"sqlite:///{tmp_path / 'ledger.db'}")
     assert again.epochs(P) == []
+
+
+def _migrate(url: str, revision: str, *, down: bool = False) -> None:
+    from alembic import command
+
+    from onceflow.ledger import schema
+
+    with Ledger.connect(url, check=False) as ledger, ledger.engine.begin() as conn:
+        (command.downgrade if down else command.upgrade)(schema._alembic_config(conn), revision)
+
+
+def _tables(ledger: Ledger) -> set[str]:
+    return set(sqlalchemy.inspect(ledger.engine).get_table_names())
+
+
+def check_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades(url: str) -> None:
+    """A ledger of 0002's schema, with a row in the state-snapshot table that keyed state no longer
+    uses: the upgrade drops the table and keeps every epoch; the downgrade recreates it, empty."""
+    _migrate(url, "0002_epoch_owner")
+    with Ledger.connect(url, check=False) as old:
+        e = old.plan_epoch(P, ranges(0, 5), [])
+        with old.engine.begin() as conn:
+            conn.execute(
+                sqlalchemy.text(
+                    "INSERT INTO state_snapshots (pipeline, epoch, location, status, created_at, updated_at)"
+                    " VALUES (:p, :n, '/state/1', 'STAGED', :t, :t)"
+                ),
+                {"p": P, "n": e.number, "t": e.planned_at},
+            )
+    with pytest.raises(SchemaMismatch, match="'0002_epoch_owner', older than"):
+        Ledger.connect(url)
+    with Ledger.connect(url, check=False) as opened:
+        opened.upgrade()
+    with Ledger.connect(url) as upgraded:
+        assert "state_snapshots" not in _tables(upgraded)
+        assert [(x.number, x.status) for x in upgraded.epochs(P)] == [(1, EpochStatus.PLANNED)]
+        assert Coordinator(upgraded, P, {}).commit(number=1).status is EpochStatus.COMMITTED
+    _migrate(url, "0002_epoch_owner", down=True)
+    with Ledger.connect(url, check=False) as downgraded:
+        assert "state_snapshots" in _tables(downgraded)
+        with downgraded.engine.connect() as conn:
+            assert conn.execute(sqlalchemy.text("SELECT count(*) FROM state_snapshots")).scalar() == 0
+        downgraded.upgrade()
+    with Ledger.connect(url) as again:
+        assert again.committed_offsets(P) == {("in", 0): 5, ("in", 1): 0}
+
+
+def test_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades(tmp_path: Path) -> None:
+    check_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades(f"sqlite:///{tmp_path / 'old.db'}")
 
 
 def test_sqlite_ledger_runs_in_wal_mode(ledger: Ledger, tmp_path: Path) -> None:
@@ -443,27 +492,18 @@ def test_transitions_out_of_order_name_pipeline_epoch_and_status(ledger: Ledger)
 # ------------------------------------------------------------------------------------ invariant 7
 
 
-def test_position_and_state_advance_only_with_committed(
-    ledger: Ledger, sinks: dict[str, RecordingCommitter]
-) -> None:
+def test_position_advances_only_with_committed(ledger: Ledger, sinks: dict[str, RecordingCommitter]) -> None:
+    """(Keyed state advances as a participant of the epoch: tests/unit/test_state_store.py.)"""
     e1 = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
-    ledger.stage_snapshot(P, 1, "/state/e1", e1.attempt_token)
     precommit_all(ledger, sinks, e1)
     ledger.decide_commit(P, 1)
     assert ledger.committed_offsets(P) == {}
-    assert ledger.latest_snapshot(P) is None
     Coordinator(ledger, P, sinks).commit(number=1)
-    latest = ledger.latest_snapshot(P)
-    assert latest is not None and (latest.epoch, latest.location) == (1, "/state/e1")
+    assert ledger.committed_offsets(P) == {("in", 0): 5, ("in", 1): 0}
 
     e2 = ledger.plan_epoch(P, ranges(5, 9), EXPECTED)
-    ledger.stage_snapshot(P, 2, "/state/e2", e2.attempt_token)
-    with pytest.raises(StaleAttemptToken):
-        ledger.stage_snapshot(P, 2, "/state/zombie", e1.attempt_token)
+    precommit_all(ledger, sinks, e2)
     Coordinator(ledger, P, sinks).abort(number=2, reason="failed")
-    assert [s.status for s in ledger.snapshots(P, 2)] == [SnapshotStatus.DISCARDED]
-    latest = ledger.latest_snapshot(P)
-    assert latest is not None and latest.location == "/state/e1"
     assert ledger.committed_offsets(P) == {("in", 0): 5, ("in", 1): 0}
 
 

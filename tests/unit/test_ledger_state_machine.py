@@ -126,9 +126,8 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(
         advance=st.tuples(st.integers(0, 4), st.integers(0, 4)),
         expected=st.sets(st.sampled_from(PAIRS), min_size=1),
-        snapshot=st.booleans(),
     )
-    def plan(self, advance: tuple[int, int], expected: set[tuple[str, str]], snapshot: bool) -> None:
+    def plan(self, advance: tuple[int, int], expected: set[tuple[str, str]]) -> None:
         ranges = {
             p: (self.position.get(p, 0), self.position.get(p, 0) + a)
             for p, a in zip(PARTITIONS, advance, strict=True)
@@ -141,8 +140,6 @@ class LedgerMachine(RuleBasedStateMachine):
         e = self.ledger.plan_epoch(self.p, offsets, sorted(expected))
         assert e.number == len(self.epochs) + 1
         self.epochs.append(ModelEpoch(e.number, "PLANNED", e.expected, ranges, [e.attempt_token]))
-        if snapshot:
-            self.ledger.stage_snapshot(self.p, e.number, f"/state/{e.number}", e.attempt_token)
 
     @precondition(lambda self: bool(self.position))
     @rule(skew=st.sampled_from([-1, 1, 3]))
@@ -306,7 +303,6 @@ class LedgerMachine(RuleBasedStateMachine):
                 "SELECT epoch, partition, from_offset, until_offset FROM epoch_offsets WHERE pipeline = :p"
             )
         }
-        snaps = self.rows("SELECT epoch, status FROM state_snapshots WHERE pipeline = :p")
         visible = {k for s in self.sinks.values() for k in s.visible if k[0] == self.p}
 
         # The tables agree with the model, epoch by epoch, and numbers are 1..n.
@@ -329,14 +325,6 @@ class LedgerMachine(RuleBasedStateMachine):
         # 7. ... and that is the position the ledger reports and the model expects
         assert self.ledger.committed_offsets(self.p) == {(TOPIC, p): o for p, o in position.items()}
         assert position == self.position
-        for n, status in snaps:
-            assert (str(status), epochs[int(n)][0]) in {
-                ("STAGED", "PLANNED"),
-                ("STAGED", "ABORTING"),
-                ("STAGED", "COMMITTING"),
-                ("COMMITTED", "COMMITTED"),
-                ("DISCARDED", "ABORTED"),
-            }
         for n, (status, expected, decided) in epochs.items():
             mine = parts.get(n, {})
             tokens = next(m.tokens for m in self.epochs if m.number == n)

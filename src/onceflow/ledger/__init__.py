@@ -23,8 +23,8 @@ from onceflow.ledger.errors import (
     UnknownEpoch,
 )
 from onceflow.ledger.ledger import Ledger, Registration
-from onceflow.ledger.models import EpochStatus, ParticipantStatus, SnapshotStatus
-from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter
+from onceflow.ledger.models import EpochStatus, ParticipantStatus
+from onceflow.ledger.records import Epoch, Participant, StoredDeadLetter
 from onceflow.records import DeadLetter
 
 __all__ = [
@@ -48,9 +48,7 @@ __all__ = [
     "Registration",
     "SchemaMismatch",
     "SinkCallFailed",
-    "SnapshotStatus",
     "StaleAttemptToken",
-    "StateSnapshot",
     "StoredDeadLetter",
     "UnexpectedParticipant",
     "UnknownEpoch",

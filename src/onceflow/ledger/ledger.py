@@ -1,4 +1,4 @@
-"""The ledger: a store of epochs, offsets, participants, state snapshots and dead letters.
+"""The ledger: a store of epochs, offsets, participants and dead letters.
 
 It knows tables and compare-and-set transitions, nothing of sinks or committers: the coordinator
 (`onceflow.coordinator`) drives the protocol through it, and Spark executors never touch it (their driver
@@ -50,11 +50,9 @@ from onceflow.ledger.models import (
     ParticipantRow,
     ParticipantStatus,
     PipelineRow,
-    SnapshotStatus,
-    StateSnapshotRow,
     utcnow,
 )
-from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter
+from onceflow.ledger.records import Epoch, Participant, StoredDeadLetter
 from onceflow.ledger.retention import RetentionPolicy, RetentionResult
 from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
@@ -682,31 +680,14 @@ class Ledger:
             to=ParticipantStatus.ABORTED,
         )
 
-    def _snapshots_to(self, s: Session, pipeline: str, number: int, status: SnapshotStatus) -> None:
-        s.execute(
-            update(StateSnapshotRow)
-            .where(
-                StateSnapshotRow.pipeline == pipeline,
-                StateSnapshotRow.epoch == number,
-                StateSnapshotRow.status == SnapshotStatus.STAGED.value,
-            )
-            .values(status=status.value, updated_at=utcnow())
-            .execution_options(synchronize_session=False)
-        )
-
     def complete_commit(self, pipeline: str, number: int) -> Epoch:
-        """COMMITTING -> COMMITTED once every participant is COMMITTED; idempotent.
-
-        The epoch's staged state snapshots are promoted in the same transaction, so that the source
-        position and the state advance together and only with COMMITTED (invariant 7).
-        """
+        """COMMITTING -> COMMITTED once every participant is COMMITTED; idempotent."""
         return self._finish(
             pipeline,
             number,
             EpochStatus.COMMITTING,
             EpochStatus.COMMITTED,
             ParticipantStatus.COMMITTED,
-            SnapshotStatus.COMMITTED,
             "participants not committed yet ({}); commit them first "
             f"(`onceflow commit {pipeline} {number}`)",
         )
@@ -727,14 +708,13 @@ class Ledger:
             return self._to_epoch(s, row)
 
     def complete_abort(self, pipeline: str, number: int) -> Epoch:
-        """ABORTING -> ABORTED once every participant is ABORTED; staged state is discarded with it."""
+        """ABORTING -> ABORTED once every participant is ABORTED; idempotent."""
         return self._finish(
             pipeline,
             number,
             EpochStatus.ABORTING,
             EpochStatus.ABORTED,
             ParticipantStatus.ABORTED,
-            SnapshotStatus.DISCARDED,
             "participants not rolled back yet ({})",
         )
 
@@ -745,7 +725,6 @@ class Ledger:
         current: EpochStatus,
         final: EpochStatus,
         participants_must_be: ParticipantStatus,
-        snapshots_become: SnapshotStatus,
         pending_message: str,
     ) -> Epoch:
         """The last compare-and-set of either outcome, once every participant has reached it."""
@@ -769,55 +748,9 @@ class Ledger:
                     + pending_message.format(", ".join(pending))
                 )
             self._transition(s, row, current, final, finished_at=utcnow())
-            self._snapshots_to(s, pipeline, number, snapshots_become)
             return self._to_epoch(s, row)
 
-    # ------------------------------------------------------------------------ state and dead letters
-
-    def stage_snapshot(self, pipeline: str, number: int, location: str, attempt_token: str) -> StateSnapshot:
-        """Record a state snapshot written for a PLANNED epoch; it counts only once the epoch commits."""
-        now = utcnow()
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="share")
-            self._check_fence(row, attempt_token, f"state snapshot {location!r}")
-            snap = StateSnapshotRow(
-                pipeline=pipeline,
-                epoch=number,
-                location=location,
-                status=SnapshotStatus.STAGED.value,
-                created_at=now,
-                updated_at=now,
-            )
-            s.add(snap)
-            s.flush()
-            return self._to_snapshot(snap)
-
-    @staticmethod
-    def _to_snapshot(row: StateSnapshotRow) -> StateSnapshot:
-        return StateSnapshot(
-            id=row.id,
-            pipeline=row.pipeline,
-            epoch=row.epoch,
-            location=row.location,
-            status=SnapshotStatus(row.status),
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-        )
-
-    def snapshots(self, pipeline: str, number: int) -> list[StateSnapshot]:
-        with self._tx() as s:
-            rows = s.scalars(
-                select(StateSnapshotRow)
-                .where(StateSnapshotRow.pipeline == pipeline, StateSnapshotRow.epoch == number)
-                .order_by(StateSnapshotRow.id)
-            ).all()
-            return [self._to_snapshot(r) for r in rows]
-
-    def latest_snapshot(self, pipeline: str) -> StateSnapshot | None:
-        """The state of the last committed epoch that wrote one: where a stateful job resumes."""
-        with self._tx() as s:
-            row = retention.latest_snapshot(s, pipeline)
-            return None if row is None else self._to_snapshot(row)
+    # ---------------------------------------------------------------------------------- dead letters
 
     def add_dead_letters(
         self,
@@ -909,14 +842,13 @@ class Ledger:
     ) -> RetentionResult:
         """Delete the pipeline's history that no step can still need (see `onceflow.ledger.retention`).
 
-        1. Find the oldest of the ``keep_epochs`` most recent committed epochs, the epochs holding a
-           partition's position and the latest committed state snapshot's epoch (these only loosen as
-           epochs commit, so reading them once is safe).
+        1. Find the oldest of the ``keep_epochs`` most recent committed epochs and the epochs holding a
+           partition's position (these only loosen as epochs commit, so reading them once is safe).
         2. Delete older final epochs with their rows, oldest first, ``batch_epochs`` per transaction;
            each transaction locks the pipeline and reads again what the epoch in flight and young dead
            letters need.
-        3. Delete superseded and discarded state snapshot rows, then dead letters older than
-           ``dead_letter_age`` of final epochs, ``batch_rows`` per transaction.
+        3. Delete dead letters older than ``dead_letter_age`` of final epochs, ``batch_rows`` per
+           transaction.
         """
         now = now or utcnow()
         young_since = now - policy.dead_letter_age
@@ -925,9 +857,6 @@ class Ledger:
         with self._tx() as s:
             below = retention.oldest_kept(s, pipeline, policy.keep_epochs)
             stable = set() if below is None else retention.position_holders(s, pipeline, below)
-            snapshot = retention.latest_snapshot_row(s, pipeline)
-        if snapshot is not None:
-            stable.add(snapshot[1])
         # 2.
         if below is not None:
             result.oldest_kept = below
@@ -955,35 +884,25 @@ class Ledger:
                     or 0
                 )
         # 3.
-        for kind, model in (("state_snapshots", StateSnapshotRow), ("dead_letters", DeadLetterRow)):
-            while True:
-                with self._tx() as s:
-                    if not retention.lock_pipeline(s, pipeline):
-                        break
-                    if model is StateSnapshotRow:
-                        ids = retention.superseded_snapshots_batch(s, pipeline, policy.batch_rows)
-                    else:
-                        ids = retention.old_dead_letters_batch(s, pipeline, young_since, policy.batch_rows)
-                    result.add(kind, retention.delete_ids(s, model, ids))
-                result.batches += bool(ids)
-                if len(ids) < policy.batch_rows:
+        while True:
+            with self._tx() as s:
+                if not retention.lock_pipeline(s, pipeline):
                     break
+                ids = retention.old_dead_letters_batch(s, pipeline, young_since, policy.batch_rows)
+                result.add("dead_letters", retention.delete_dead_letters(s, ids))
+            result.batches += bool(ids)
+            if len(ids) < policy.batch_rows:
+                break
         return result
 
     def row_counts(self, pipeline: str | None = None) -> dict[str, int]:
         """Rows per ledger table (of one pipeline if given): what retention keeps bounded."""
         models: dict[
-            str,
-            type[EpochRow]
-            | type[EpochOffsetRow]
-            | type[ParticipantRow]
-            | type[StateSnapshotRow]
-            | type[DeadLetterRow],
+            str, type[EpochRow] | type[EpochOffsetRow] | type[ParticipantRow] | type[DeadLetterRow]
         ] = {
             "epochs": EpochRow,
             "epoch_offsets": EpochOffsetRow,
             "participants": ParticipantRow,
-            "state_snapshots": StateSnapshotRow,
             "dead_letters": DeadLetterRow,
         }
         counts: dict[str, int] = {}
