@@ -20,11 +20,11 @@ from onceflow.ledger import (
     IllegalTransition,
     InvalidPlan,
     Ledger,
-    LosingAttempt,
     MissingCommitter,
     OffsetGap,
     ParticipantsMissing,
     ParticipantStatus,
+    Registration,
     SchemaMismatch,
     SinkCallFailed,
     StaleAttemptToken,
@@ -65,12 +65,11 @@ def stage(
     task: str,
     attempt: str = "a0",
     token: str | None = None,
-) -> Committable:
-    """What a Spark task does: stage through the writer, then report the committable to the ledger."""
+) -> Registration:
+    """What a slice does: a task stages through the writer, then the driver registers its committable."""
     c = Committable(P, epoch.number, 0, task, attempt, sink, handle={"path": f"/stage/{task}/{attempt}"})
     sinks[sink].stage(c)
-    ledger.register_precommit(c, epoch.attempt_token if token is None else token)
-    return c
+    return ledger.register_slice(P, epoch.number, epoch.attempt_token if token is None else token, [c])
 
 
 def precommit_all(ledger: Ledger, sinks: dict[str, RecordingCommitter], epoch: Epoch) -> None:
@@ -327,7 +326,7 @@ def test_precommit_of_an_expected_task_with_the_current_token_is_recorded(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     c = Committable(P, 1, 2, "t1", "a7", "db", handle={"gid": "g1"}, record_count=42, checksum="abc")
-    p = ledger.register_precommit(c, e.attempt_token)
+    (p,) = ledger.register_slice(P, 1, e.attempt_token, [c]).accepted
     assert (p.status, p.attempt, p.slice, p.record_count, p.staged_location) == (
         ParticipantStatus.PRECOMMITTED,
         "a7",
@@ -343,9 +342,10 @@ def test_first_attempt_wins_same_attempt_is_a_no_op_other_attempt_is_refused(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     stage(ledger, sinks, e, "db", "t0", attempt="first")
-    stage(ledger, sinks, e, "db", "t0", attempt="first")
-    with pytest.raises(LosingAttempt, match="attempt 'first' of that task registered first"):
-        stage(ledger, sinks, e, "db", "t0", attempt="speculative")
+    again = stage(ledger, sinks, e, "db", "t0", attempt="first")
+    assert ([p.attempt for p in again.accepted], again.lost) == (["first"], ())
+    speculative = stage(ledger, sinks, e, "db", "t0", attempt="speculative")
+    assert speculative.accepted == () and [c.attempt for c in speculative.lost] == ["speculative"]
     assert [(p.task, p.attempt) for p in ledger.participants(P, 1)] == [("t0", "first")]
 
 
@@ -359,11 +359,8 @@ def test_zombies_are_refused(ledger: Ledger, sinks: dict[str, RecordingCommitter
         stage(ledger, sinks, e2, "db", "t0", token=e1.attempt_token)
     with pytest.raises(UnexpectedParticipant, match="'db', 't9'"):
         stage(ledger, sinks, e2, "db", "t9")
-    renewed = ledger.renew_attempt_token(P, 2)
-    assert renewed.attempt_token != e2.attempt_token
-    with pytest.raises(StaleAttemptToken):
-        stage(ledger, sinks, e2, "db", "t0")
-    stage(ledger, sinks, renewed, "db", "t0")
+    assert e2.attempt_token != e1.attempt_token  # a new plan is what fences the old attempt off
+    stage(ledger, sinks, e2, "db", "t0")
     with pytest.raises(UnknownEpoch):
         stage(ledger, sinks, Epoch(P, 99, EpochStatus.PLANNED, "x", (), (), e1.planned_at), "db", "t0")
     assert [(p.epoch, p.task) for p in ledger.participants(P, 2)] == [(2, "t0")]
@@ -459,7 +456,7 @@ def test_once_aborting_commit_is_refused_abort_is_idempotent_nothing_is_visible(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
-    ledger.add_dead_letters(P, 1, [DeadLetter("in", 0, 3, b"k", b"{", "bad json")], e.attempt_token)
+    ledger.register_slice(P, 1, e.attempt_token, [], [DeadLetter("in", 0, 3, b"k", b"{", "bad json")])
     ledger.decide_abort(P, 1, "operator")
     with pytest.raises(IllegalTransition, match=r"it is ABORTING .*operator.*commit is refused"):
         Coordinator(ledger, P, sinks).commit(number=1)
@@ -515,8 +512,8 @@ def test_dead_letters_are_kept_once_and_listed_with_their_committed_epoch(
         DeadLetter("in", 0, 1, None, b"\xff", "not json"),
         DeadLetter("in", 0, 4, b"k", b"{}", "no id"),
     ]
-    assert ledger.add_dead_letters(P, 1, letters, e.attempt_token) == 2
-    assert ledger.add_dead_letters(P, 1, letters, e.attempt_token) == 0  # a retried task
+    assert ledger.register_slice(P, 1, e.attempt_token, [], letters).dead_letters_added == 2
+    assert ledger.register_slice(P, 1, e.attempt_token, [], letters).dead_letters_added == 0  # a retry
     assert ledger.dead_letters(P) == []
     Coordinator(ledger, P, sinks).commit(number=1)
     assert [d.letter for d in ledger.dead_letters(P)] == letters

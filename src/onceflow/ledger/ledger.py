@@ -34,7 +34,6 @@ from onceflow.ledger.errors import (
     IllegalTransition,
     InvalidPlan,
     LedgerError,
-    LosingAttempt,
     OffsetGap,
     ParticipantsMissing,
     StaleAttemptToken,
@@ -427,22 +426,6 @@ class Ledger:
         if sorted(old.ranges) != sorted(ranges):
             raise InvalidPlan(f"a replacement of {old} must read exactly its ranges {list(old.ranges)}")
 
-    def renew_attempt_token(self, pipeline: str, number: int) -> Epoch:
-        """Give a PLANNED epoch a fresh token, fencing off stragglers of an earlier job submission.
-
-        Participants registered already stay: their output is staged durably and task ids are stable.
-        """
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="update")
-            if row.status != EpochStatus.PLANNED:
-                raise IllegalTransition(
-                    f"cannot renew the attempt token of {_where(pipeline, number)}: it is {row.status}"
-                )
-            token = secrets.token_hex(16)
-            self._cas(s, pipeline, number, EpochStatus.PLANNED, EpochStatus.PLANNED, attempt_token=token)
-            row.attempt_token = token
-            return self._to_epoch(s, row)
-
     def renew_lease(self, pipeline: str, number: int, lease_s: float) -> bool:
         """Extend the lease of an epoch in flight; False once it is final (nothing left to keep alive)."""
         with self._tx() as s:
@@ -471,21 +454,6 @@ class Ledger:
                 f"{_where(row.pipeline, row.epoch)}: {what} refused, its attempt token is not the current "
                 "one (a zombie of a superseded attempt; the caller must roll back its own staging)"
             )
-
-    def register_precommit(self, committable: Committable, attempt_token: str) -> Participant:
-        """Register one pre-commit; `LosingAttempt` when another attempt of its task won (see
-        `register_slice`, which this is a one-committable case of)."""
-        done = self.register_slice(committable.pipeline, committable.epoch, attempt_token, [committable])
-        if done.lost:
-            c = done.lost[0]
-            winner = next(
-                p for p in self.participants(c.pipeline, c.epoch) if (p.sink, p.task) == (c.sink, c.task)
-            )
-            raise LosingAttempt(
-                f"{_where(c.pipeline, c.epoch)}: pre-commit of sink {c.sink!r} task {c.task!r} attempt "
-                f"{c.attempt!r} refused, attempt {winner.attempt!r} of that task registered first and won"
-            )
-        return done.accepted[0]
 
     def register_slice(
         self,
@@ -752,28 +720,10 @@ class Ledger:
 
     # ---------------------------------------------------------------------------------- dead letters
 
-    def add_dead_letters(
-        self,
-        pipeline: str,
-        number: int,
-        letters: Sequence[DeadLetter],
-        attempt_token: str,
-        *,
-        after_commit: bool = False,
-    ) -> int:
-        """Keep records that failed to decode or transform; a retried task adding them again is a no-op.
-
-        Fenced like a pre-commit, and listed only once the epoch commits (an aborted epoch is replayed
-        and reports its dead letters again). ``after_commit`` also accepts a COMMITTED epoch: an
-        at-most-once epoch is committed before its records are read.
-        """
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="share")
-            self._check_fence(row, attempt_token, f"{len(letters)} dead letters", committed_ok=after_commit)
-            return self._add_dead_letters(s, pipeline, number, letters)
-
     @staticmethod
     def _add_dead_letters(s: Session, pipeline: str, number: int, letters: Sequence[DeadLetter]) -> int:
+        """Keep records that failed to decode or transform, skipping those kept already (a retried slice).
+        They are listed only once the epoch commits: an aborted epoch is replayed and reports them again."""
         if not letters:
             return 0
         have = {
