@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -56,7 +56,20 @@ from onceflow.ledger.retention import RetentionPolicy, RetentionResult
 from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
 
-_DECIDED_FOR_COMMIT = (EpochStatus.COMMITTING.value, EpochStatus.COMMITTED.value)
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One of an epoch's two ways out of PLANNED, as its decision, its marks and its finish see it."""
+
+    decided: EpochStatus
+    final: EpochStatus
+    participants: ParticipantStatus
+    doing: str
+
+
+_COMMIT = _Outcome(EpochStatus.COMMITTING, EpochStatus.COMMITTED, ParticipantStatus.COMMITTED, "committing")
+_ABORT = _Outcome(EpochStatus.ABORTING, EpochStatus.ABORTED, ParticipantStatus.ABORTED, "aborting")
+_DECIDED_FOR_COMMIT = (_COMMIT.decided.value, _COMMIT.final.value)
 # Handle keys that name where a committable's output is staged, in the order they are looked up.
 _LOCATION_KEYS = ("location", "path", "gid", "transactional_id")
 
@@ -565,54 +578,73 @@ class Ledger:
             .order_by(ParticipantRow.sink, ParticipantRow.task)
         ).all()
 
+    @staticmethod
+    def _reached(row: EpochRow, outcome: _Outcome, doing: str) -> bool:
+        """True once the epoch has reached the outcome's final status (a repeat is then a no-op); refused
+        unless it is on its way there."""
+        if row.status == outcome.final:
+            return True
+        if row.status != outcome.decided:
+            raise IllegalTransition(f"cannot {doing}: the epoch is {row.status}, not {outcome.decided}")
+        return False
+
+    def _decide(
+        self,
+        pipeline: str,
+        number: int,
+        outcome: _Outcome,
+        refusal: Callable[[Epoch], str | None],
+        values: Callable[[Session, EpochRow], dict[str, Any]],
+    ) -> Epoch:
+        """PLANNED -> the outcome's decided status, idempotent once decided either way; refused when
+        ``refusal`` (a rule of `onceflow.decisions`) names a reason. ``values`` checks what else the
+        decision needs and returns what it records."""
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="update")
+            if row.status in (outcome.decided, outcome.final):
+                return self._to_epoch(s, row)
+            refused = refusal(self._to_epoch(s, row))
+            if refused is not None:
+                raise IllegalTransition(refused)
+            self._transition(s, row, EpochStatus.PLANNED, outcome.decided, **values(s, row))
+            return self._to_epoch(s, row)
+
     def decide_commit(self, pipeline: str, number: int) -> Epoch:
         """Write the durable decision to commit: PLANNED -> COMMITTING (idempotent once decided).
 
         Only when every expected participant is PRECOMMITTED (invariant 4); refused once an abort began
         (invariant 6).
         """
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="update")
-            status = EpochStatus(row.status)
-            if status in (EpochStatus.COMMITTING, EpochStatus.COMMITTED):
-                return self._to_epoch(s, row)
-            from onceflow.decisions import commit_refusal  # pure; imported here as it reads ledger records
+        from onceflow.decisions import commit_refusal  # pure; imported here as it reads ledger records
 
-            refusal = commit_refusal(self._to_epoch(s, row))
-            if refusal is not None:
-                raise IllegalTransition(refusal)
-            reported = {(p.sink, p.task) for p in self._participant_rows(s, pipeline, number)}
-            expected = [(str(a), str(b)) for a, b in json.loads(row.expected_participants)]
-            missing = [pair for pair in expected if pair not in reported]
-            if missing:
-                names = ", ".join(f"{sink}/{task}" for sink, task in missing[:10])
-                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-                raise ParticipantsMissing(
-                    f"cannot commit {_where(pipeline, number)}: {len(missing)} of {len(expected)} expected "
-                    f"participants have not pre-committed ({names}{more})"
-                )
-            self._transition(s, row, EpochStatus.PLANNED, EpochStatus.COMMITTING, decided_at=utcnow())
-            return self._to_epoch(s, row)
+        return self._decide(pipeline, number, _COMMIT, commit_refusal, self._every_participant_reported)
 
-    def _mark(
-        self,
-        pipeline: str,
-        number: int,
-        sink: str,
-        *,
-        during: EpochStatus,
-        done: EpochStatus,
-        to: ParticipantStatus,
-    ) -> int:
+    def _every_participant_reported(self, s: Session, row: EpochRow) -> dict[str, Any]:
+        reported = {(p.sink, p.task) for p in self._participant_rows(s, row.pipeline, row.epoch)}
+        expected = [(str(a), str(b)) for a, b in json.loads(row.expected_participants)]
+        missing = [pair for pair in expected if pair not in reported]
+        if missing:
+            names = ", ".join(f"{sink}/{task}" for sink, task in missing[:10])
+            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+            raise ParticipantsMissing(
+                f"cannot commit {_where(row.pipeline, row.epoch)}: {len(missing)} of {len(expected)} "
+                f"expected participants have not pre-committed ({names}{more})"
+            )
+        return {"decided_at": utcnow()}
+
+    def decide_abort(self, pipeline: str, number: int, reason: str) -> Epoch:
+        """PLANNED -> ABORTING; idempotent once aborting; refused once decided (invariant 5)."""
+        from onceflow.decisions import abort_refusal
+
+        return self._decide(pipeline, number, _ABORT, abort_refusal, lambda s, row: {"abort_reason": reason})
+
+    def _mark(self, pipeline: str, number: int, sink: str, outcome: _Outcome) -> int:
+        """Set the sink's PRECOMMITTED participants to the outcome, once its committer has carried it out."""
         with self._tx() as s:
             row = self._epoch_row(s, pipeline, number, lock="share")
-            if row.status == done:
+            to = outcome.participants
+            if self._reached(row, outcome, f"mark sink {sink!r} of {_where(pipeline, number)} {to}"):
                 return 0
-            if row.status != during:
-                raise IllegalTransition(
-                    f"cannot mark sink {sink!r} of {_where(pipeline, number)} {to}: the epoch is "
-                    f"{row.status}, not {during}"
-                )
             result = s.execute(
                 update(ParticipantRow)
                 .where(
@@ -628,95 +660,42 @@ class Ledger:
 
     def mark_committed(self, pipeline: str, number: int, sink: str) -> int:
         """Record that the sink's committer committed its participants of a COMMITTING epoch."""
-        return self._mark(
-            pipeline,
-            number,
-            sink,
-            during=EpochStatus.COMMITTING,
-            done=EpochStatus.COMMITTED,
-            to=ParticipantStatus.COMMITTED,
-        )
+        return self._mark(pipeline, number, sink, _COMMIT)
 
     def mark_aborted(self, pipeline: str, number: int, sink: str) -> int:
         """Record that the sink's committer rolled back its participants of an ABORTING epoch."""
-        return self._mark(
-            pipeline,
-            number,
-            sink,
-            during=EpochStatus.ABORTING,
-            done=EpochStatus.ABORTED,
-            to=ParticipantStatus.ABORTED,
-        )
+        return self._mark(pipeline, number, sink, _ABORT)
+
+    def _finish(self, pipeline: str, number: int, outcome: _Outcome, pending_message: str) -> Epoch:
+        """The last compare-and-set of either outcome, once every participant has reached it."""
+        doing = f"finish {outcome.doing} {_where(pipeline, number)}"
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="update")
+            if self._reached(row, outcome, doing):
+                return self._to_epoch(s, row)
+            pending = [
+                f"{p.sink}/{p.task}"
+                for p in self._participant_rows(s, pipeline, number)
+                if p.status != outcome.participants
+            ]
+            if pending:
+                raise IllegalTransition(f"cannot {doing}: " + pending_message.format(", ".join(pending)))
+            self._transition(s, row, outcome.decided, outcome.final, finished_at=utcnow())
+            return self._to_epoch(s, row)
 
     def complete_commit(self, pipeline: str, number: int) -> Epoch:
         """COMMITTING -> COMMITTED once every participant is COMMITTED; idempotent."""
         return self._finish(
             pipeline,
             number,
-            EpochStatus.COMMITTING,
-            EpochStatus.COMMITTED,
-            ParticipantStatus.COMMITTED,
+            _COMMIT,
             "participants not committed yet ({}); commit them first "
             f"(`onceflow commit {pipeline} {number}`)",
         )
 
-    def decide_abort(self, pipeline: str, number: int, reason: str) -> Epoch:
-        """PLANNED -> ABORTING; idempotent once aborting; refused once decided (invariant 5)."""
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="update")
-            status = EpochStatus(row.status)
-            if status in (EpochStatus.ABORTING, EpochStatus.ABORTED):
-                return self._to_epoch(s, row)
-            from onceflow.decisions import abort_refusal
-
-            refusal = abort_refusal(self._to_epoch(s, row))
-            if refusal is not None:
-                raise IllegalTransition(refusal)
-            self._transition(s, row, EpochStatus.PLANNED, EpochStatus.ABORTING, abort_reason=reason)
-            return self._to_epoch(s, row)
-
     def complete_abort(self, pipeline: str, number: int) -> Epoch:
         """ABORTING -> ABORTED once every participant is ABORTED; idempotent."""
-        return self._finish(
-            pipeline,
-            number,
-            EpochStatus.ABORTING,
-            EpochStatus.ABORTED,
-            ParticipantStatus.ABORTED,
-            "participants not rolled back yet ({})",
-        )
-
-    def _finish(
-        self,
-        pipeline: str,
-        number: int,
-        current: EpochStatus,
-        final: EpochStatus,
-        participants_must_be: ParticipantStatus,
-        pending_message: str,
-    ) -> Epoch:
-        """The last compare-and-set of either outcome, once every participant has reached it."""
-        verb = "committing" if final is EpochStatus.COMMITTED else "aborting"
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="update")
-            if row.status == final:
-                return self._to_epoch(s, row)
-            if row.status != current:
-                raise IllegalTransition(
-                    f"cannot finish {verb} {_where(pipeline, number)}: it is {row.status}, not {current}"
-                )
-            pending = [
-                f"{p.sink}/{p.task}"
-                for p in self._participant_rows(s, pipeline, number)
-                if p.status != participants_must_be
-            ]
-            if pending:
-                raise IllegalTransition(
-                    f"cannot finish {verb} {_where(pipeline, number)}: "
-                    + pending_message.format(", ".join(pending))
-                )
-            self._transition(s, row, current, final, finished_at=utcnow())
-            return self._to_epoch(s, row)
+        return self._finish(pipeline, number, _ABORT, "participants not rolled back yet ({})")
 
     # ---------------------------------------------------------------------------------- dead letters
 
