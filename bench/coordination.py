@@ -67,7 +67,7 @@ END = "<!-- /coordination-bench -->"
 STEPS = ("plan", "precommit", "decide", "commit")
 TARGET_S = 2.0
 SPAN = 100  # offsets each partition reads per epoch
-TABLES = ("epochs", "epoch_offsets", "participants", "state_snapshots", "dead_letters")
+TABLES = ("epochs", "epoch_offsets", "participants", "dead_letters")
 
 
 @dataclass(frozen=True)

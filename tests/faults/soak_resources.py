@@ -21,7 +21,7 @@ import psycopg
 
 from onceflow.sinks.staging import STAGING
 
-LEDGER_TABLES = ("pipelines", "epochs", "epoch_offsets", "participants", "state_snapshots", "dead_letters")
+LEDGER_TABLES = ("pipelines", "epochs", "epoch_offsets", "participants", "dead_letters")
 # Transaction states of Kafka's TransactionsCommand that hold a transaction open.
 OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort"})
 SINK_TRANSACTIONS = "onceflow-"  # the Kafka sink's transactional.id prefix (the workload's are "wl-")

@@ -56,7 +56,6 @@ def test_coordination_bench_smoke(settings, tmp_path) -> None:
             "epochs": 5,
             "epoch_offsets": 100,
             "participants": 60,
-            "state_snapshots": 0,
             "dead_letters": 0,
         }
         assert wide["rows_after_epochs"]["epochs"] == 3  # retention after every timed epoch keeps 3

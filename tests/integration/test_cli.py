@@ -73,7 +73,7 @@ def sink(tmp_path: Path, name: str) -> RecordingCommitter:
 def stage(tmp_path: Path, ledger: Ledger, epoch: int, token: str, name: str, task: str) -> Committable:
     c = Committable(P, epoch, 0, task, "a0", name)
     sink(tmp_path, name).stage(c)
-    ledger.register_precommit(c, token)
+    ledger.precommit_slice(P, epoch, token, [c])
     return c
 
 

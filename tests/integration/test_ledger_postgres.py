@@ -8,6 +8,7 @@ import pytest
 from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, Ledger, SchemaMismatch
 from onceflow.offsets import OffsetRange
+from tests.unit.test_ledger import check_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades
 from tests.unit.test_ledger_state_machine import run_machine
 
 pytestmark = pytest.mark.integration
@@ -21,6 +22,10 @@ def test_fresh_postgresql_database_needs_upgrade_then_works(pg_database: str) ->
         e = ledger.plan_epoch("p", [OffsetRange("in", 0, 0, 3)], [])
         assert Coordinator(ledger, "p", {}).commit(number=e.number).status is EpochStatus.COMMITTED
         assert ledger.committed_offsets("p") == {("in", 0): 3}
+
+
+def test_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades_on_postgresql(pg_database: str) -> None:
+    check_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades(pg_database)
 
 
 def test_postgresql_itself_refuses_a_second_open_epoch(pg_ledger: Ledger, pg_database: str) -> None:

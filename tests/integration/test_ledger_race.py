@@ -61,8 +61,9 @@ def race(url: str, tmp_path: Path) -> None:
             start = ledger.committed_offsets(P).get(("in", 0), 0)
             e = ledger.plan_epoch(P, [OffsetRange("in", 0, start, start + 10)], EXPECTED)
             # In odd rounds one task never reports, so only the abort can win.
-            for _, task in EXPECTED[: 2 if number % 2 == 0 else 1]:
-                ledger.register_precommit(Committable(P, number, 0, task, "a0", "db"), e.attempt_token)
+            reported = EXPECTED[: 2 if number % 2 == 0 else 1]
+            committables = [Committable(P, number, 0, task, "a0", "db") for _, task in reported]
+            ledger.precommit_slice(P, number, e.attempt_token, committables)
             barrier.wait()
             barrier.wait()
             outcomes = [results.get(timeout=60) for _ in ACTIONS]

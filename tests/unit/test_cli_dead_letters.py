@@ -30,11 +30,11 @@ def ledger_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     with Ledger.connect(url, check=False) as ledger:
         ledger.upgrade()
         first = ledger.plan_epoch(P, [OffsetRange("in", 0, 0, 3), OffsetRange("in", 1, 0, 5)], [])
-        ledger.add_dead_letters(P, 1, LETTERS, first.attempt_token)
+        ledger.precommit_slice(P, 1, first.attempt_token, [], LETTERS)
         Coordinator(ledger, P, {}).commit(number=1)
         second = ledger.plan_epoch(P, [OffsetRange("in", 0, 3, 4), OffsetRange("in", 1, 5, 5)], [])
-        ledger.add_dead_letters(
-            P, 2, [DeadLetter("in", 0, 3, None, b"[]", "not_object: x")], second.attempt_token
+        ledger.precommit_slice(
+            P, 2, second.attempt_token, [], [DeadLetter("in", 0, 3, None, b"[]", "not_object: x")]
         )
     return url
 

@@ -46,7 +46,7 @@ def sink() -> RecordingCommitter:
 def precommit(ledger: Ledger, epoch: int, token: str, task: str) -> Committable:
     c = Committable(P, epoch, 0, task, "a0", "db", handle={"path": f"/stage/{epoch}/{task}"}, record_count=3)
     sink().stage(c)
-    ledger.register_precommit(c, token)
+    ledger.precommit_slice(P, epoch, token, [c])
     return c
 
 
@@ -67,7 +67,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
         )
         for task, _ in enumerate(expected):
             precommit(ledger, 1, first.attempt_token, f"s0-t{task}")
-        ledger.add_dead_letters(P, 1, LETTERS, first.attempt_token)
+        ledger.precommit_slice(P, 1, first.attempt_token, [], LETTERS)
         Coordinator(ledger, P, {"db": sink()}).commit(number=1)
         second = ledger.plan_epoch(
             P, [OffsetRange("in", 0, 3, 7), OffsetRange("in", 1, 5, 5)], expected, run_id="manual__2"
@@ -228,7 +228,7 @@ def test_the_page_escapes_what_producers_wrote(ledger: Ledger) -> None:
     second = ledger.epoch(P, 2)
     Coordinator(ledger, P, {"db": sink()}).abort(number=2, reason="<i>why</i>")
     third = ledger.plan_epoch(P, [OffsetRange("in", 0, 3, 7), OffsetRange("in", 1, 5, 5)], [])
-    ledger.add_dead_letters(P, third.number, [hostile], third.attempt_token)
+    ledger.precommit_slice(P, third.number, third.attempt_token, [], [hostile])
     Coordinator(ledger, P, {}).commit(number=third.number)
     view = pipeline_view(ledger, P, second.planned_at, bootstrap=NO_KAFKA, kafka_timeout=0.5)
     html = render_console(view, [P], base="/onceflow", user="<u>", can_act=True, dag_id="d", filters={})

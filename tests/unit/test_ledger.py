@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 
 from onceflow.coordinator import Coordinator
 from onceflow.decisions import classify_orphan
@@ -20,14 +21,13 @@ from onceflow.ledger import (
     IllegalTransition,
     InvalidPlan,
     Ledger,
-    LosingAttempt,
     MissingCommitter,
     OffsetGap,
     ParticipantsMissing,
     ParticipantStatus,
+    Registration,
     SchemaMismatch,
     SinkCallFailed,
-    SnapshotStatus,
     StaleAttemptToken,
     UnexpectedParticipant,
     UnknownEpoch,
@@ -66,12 +66,11 @@ def stage(
     task: str,
     attempt: str = "a0",
     token: str | None = None,
-) -> Committable:
-    """What a Spark task does: stage through the writer, then report the committable to the ledger."""
+) -> Registration:
+    """What a slice does: a task stages through the writer, then the driver registers its committable."""
     c = Committable(P, epoch.number, 0, task, attempt, sink, handle={"path": f"/stage/{task}/{attempt}"})
     sinks[sink].stage(c)
-    ledger.register_precommit(c, epoch.attempt_token if token is None else token)
-    return c
+    return ledger.precommit_slice(P, epoch.number, epoch.attempt_token if token is None else token, [c])
 
 
 def precommit_all(ledger: Ledger, sinks: dict[str, RecordingCommitter], epoch: Epoch) -> None:
@@ -146,6 +145,55 @@ def test_upgrade_is_idempotent_and_connect_then_succeeds(ledger: Ledger, tmp_pat
     ledger.upgrade()
     again = Ledger.connect(f"sqlite:///{tmp_path / 'ledger.db'}")
     assert again.epochs(P) == []
+
+
+def _migrate(url: str, revision: str, *, down: bool = False) -> None:
+    from alembic import command
+
+    from onceflow.ledger import schema
+
+    with Ledger.connect(url, check=False) as ledger, ledger.engine.begin() as conn:
+        (command.downgrade if down else command.upgrade)(schema._alembic_config(conn), revision)
+
+
+def _tables(ledger: Ledger) -> set[str]:
+    return set(sqlalchemy.inspect(ledger.engine).get_table_names())
+
+
+def check_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades(url: str) -> None:
+    """A ledger of 0002's schema, with a row in the state-snapshot table that keyed state no longer
+    uses: the upgrade drops the table and keeps every epoch; the downgrade recreates it, empty."""
+    _migrate(url, "0002_epoch_owner")
+    with Ledger.connect(url, check=False) as old:
+        e = old.plan_epoch(P, ranges(0, 5), [])
+        with old.engine.begin() as conn:
+            conn.execute(
+                sqlalchemy.text(
+                    "INSERT INTO state_snapshots (pipeline, epoch, location, status, created_at, updated_at)"
+                    " VALUES (:p, :n, '/state/1', 'STAGED', :t, :t)"
+                ),
+                {"p": P, "n": e.number, "t": e.planned_at},
+            )
+    with pytest.raises(SchemaMismatch, match="'0002_epoch_owner', older than"):
+        Ledger.connect(url)
+    with Ledger.connect(url, check=False) as opened:
+        opened.upgrade()
+    with Ledger.connect(url) as upgraded:
+        assert "state_snapshots" not in _tables(upgraded)
+        assert [(x.number, x.status) for x in upgraded.epochs(P)] == [(1, EpochStatus.PLANNED)]
+        assert Coordinator(upgraded, P, {}).commit(number=1).status is EpochStatus.COMMITTED
+    _migrate(url, "0002_epoch_owner", down=True)
+    with Ledger.connect(url, check=False) as downgraded:
+        assert "state_snapshots" in _tables(downgraded)
+        with downgraded.engine.connect() as conn:
+            assert conn.execute(sqlalchemy.text("SELECT count(*) FROM state_snapshots")).scalar() == 0
+        downgraded.upgrade()
+    with Ledger.connect(url) as again:
+        assert again.committed_offsets(P) == {("in", 0): 5, ("in", 1): 0}
+
+
+def test_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades(tmp_path: Path) -> None:
+    check_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades(f"sqlite:///{tmp_path / 'old.db'}")
 
 
 def test_sqlite_ledger_runs_in_wal_mode(ledger: Ledger, tmp_path: Path) -> None:
@@ -279,7 +327,7 @@ def test_precommit_of_an_expected_task_with_the_current_token_is_recorded(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     c = Committable(P, 1, 2, "t1", "a7", "db", handle={"gid": "g1"}, record_count=42, checksum="abc")
-    p = ledger.register_precommit(c, e.attempt_token)
+    (p,) = ledger.precommit_slice(P, 1, e.attempt_token, [c]).accepted
     assert (p.status, p.attempt, p.slice, p.record_count, p.staged_location) == (
         ParticipantStatus.PRECOMMITTED,
         "a7",
@@ -295,9 +343,10 @@ def test_first_attempt_wins_same_attempt_is_a_no_op_other_attempt_is_refused(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     stage(ledger, sinks, e, "db", "t0", attempt="first")
-    stage(ledger, sinks, e, "db", "t0", attempt="first")
-    with pytest.raises(LosingAttempt, match="attempt 'first' of that task registered first"):
-        stage(ledger, sinks, e, "db", "t0", attempt="speculative")
+    again = stage(ledger, sinks, e, "db", "t0", attempt="first")
+    assert ([p.attempt for p in again.accepted], again.lost) == (["first"], ())
+    speculative = stage(ledger, sinks, e, "db", "t0", attempt="speculative")
+    assert speculative.accepted == () and [c.attempt for c in speculative.lost] == ["speculative"]
     assert [(p.task, p.attempt) for p in ledger.participants(P, 1)] == [("t0", "first")]
 
 
@@ -311,11 +360,8 @@ def test_zombies_are_refused(ledger: Ledger, sinks: dict[str, RecordingCommitter
         stage(ledger, sinks, e2, "db", "t0", token=e1.attempt_token)
     with pytest.raises(UnexpectedParticipant, match="'db', 't9'"):
         stage(ledger, sinks, e2, "db", "t9")
-    renewed = ledger.renew_attempt_token(P, 2)
-    assert renewed.attempt_token != e2.attempt_token
-    with pytest.raises(StaleAttemptToken):
-        stage(ledger, sinks, e2, "db", "t0")
-    stage(ledger, sinks, renewed, "db", "t0")
+    assert e2.attempt_token != e1.attempt_token  # a new plan is what fences the old attempt off
+    stage(ledger, sinks, e2, "db", "t0")
     with pytest.raises(UnknownEpoch):
         stage(ledger, sinks, Epoch(P, 99, EpochStatus.PLANNED, "x", (), (), e1.planned_at), "db", "t0")
     assert [(p.epoch, p.task) for p in ledger.participants(P, 2)] == [(2, "t0")]
@@ -411,7 +457,7 @@ def test_once_aborting_commit_is_refused_abort_is_idempotent_nothing_is_visible(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
-    ledger.add_dead_letters(P, 1, [DeadLetter("in", 0, 3, b"k", b"{", "bad json")], e.attempt_token)
+    ledger.precommit_slice(P, 1, e.attempt_token, [], [DeadLetter("in", 0, 3, b"k", b"{", "bad json")])
     ledger.record_abort_decision(P, 1, "operator")
     with pytest.raises(IllegalTransition, match=r"it is ABORTING .*operator.*commit is refused"):
         Coordinator(ledger, P, sinks).commit(number=1)
@@ -444,27 +490,18 @@ def test_transitions_out_of_order_name_pipeline_epoch_and_status(ledger: Ledger)
 # ------------------------------------------------------------------------------------ invariant 7
 
 
-def test_position_and_state_advance_only_with_committed(
-    ledger: Ledger, sinks: dict[str, RecordingCommitter]
-) -> None:
+def test_position_advances_only_with_committed(ledger: Ledger, sinks: dict[str, RecordingCommitter]) -> None:
+    """(Keyed state advances as a participant of the epoch: tests/unit/test_state_store.py.)"""
     e1 = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
-    ledger.stage_snapshot(P, 1, "/state/e1", e1.attempt_token)
     precommit_all(ledger, sinks, e1)
     ledger.record_commit_decision(P, 1)
     assert ledger.committed_offsets(P) == {}
-    assert ledger.latest_snapshot(P) is None
     Coordinator(ledger, P, sinks).commit(number=1)
-    latest = ledger.latest_snapshot(P)
-    assert latest is not None and (latest.epoch, latest.location) == (1, "/state/e1")
+    assert ledger.committed_offsets(P) == {("in", 0): 5, ("in", 1): 0}
 
     e2 = ledger.plan_epoch(P, ranges(5, 9), EXPECTED)
-    ledger.stage_snapshot(P, 2, "/state/e2", e2.attempt_token)
-    with pytest.raises(StaleAttemptToken):
-        ledger.stage_snapshot(P, 2, "/state/zombie", e1.attempt_token)
+    precommit_all(ledger, sinks, e2)
     Coordinator(ledger, P, sinks).abort(number=2, reason="failed")
-    assert [s.status for s in ledger.snapshots(P, 2)] == [SnapshotStatus.DISCARDED]
-    latest = ledger.latest_snapshot(P)
-    assert latest is not None and latest.location == "/state/e1"
     assert ledger.committed_offsets(P) == {("in", 0): 5, ("in", 1): 0}
 
 
@@ -476,8 +513,8 @@ def test_dead_letters_are_kept_once_and_listed_with_their_committed_epoch(
         DeadLetter("in", 0, 1, None, b"\xff", "not json"),
         DeadLetter("in", 0, 4, b"k", b"{}", "no id"),
     ]
-    assert ledger.add_dead_letters(P, 1, letters, e.attempt_token) == 2
-    assert ledger.add_dead_letters(P, 1, letters, e.attempt_token) == 0  # a retried task
+    assert ledger.precommit_slice(P, 1, e.attempt_token, [], letters).dead_letters_added == 2
+    assert ledger.precommit_slice(P, 1, e.attempt_token, [], letters).dead_letters_added == 0  # a retry
     assert ledger.dead_letters(P) == []
     Coordinator(ledger, P, sinks).commit(number=1)
     assert [d.letter for d in ledger.dead_letters(P)] == letters

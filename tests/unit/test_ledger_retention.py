@@ -2,8 +2,8 @@
 
 Each check is a plain function of a fresh ledger so that tests/integration/test_ledger_retention_postgres.py
 runs the same checks on PostgreSQL. A check fails if retention deleted what the next plan (positions),
-recover or a manual commit/abort (the epoch in flight), a stateful job (the latest snapshot), a re-run
-replacing an interval, or an operator reading young dead letters would need.
+recover or a manual commit/abort (the epoch in flight), a re-run replacing an interval, or an operator
+reading young dead letters would need.
 """
 
 from __future__ import annotations
@@ -118,14 +118,12 @@ def check_keeps_the_last_committed_epochs_and_deletes_older_ones_whole(ledger: L
         "epochs": 5,
         "epoch_offsets": 10,
         "participants": 10,
-        "state_snapshots": 0,
         "dead_letters": 0,
     }
     assert ledger.row_counts(P) == {
         "epochs": 3,
         "epoch_offsets": 6,
         "participants": 6,
-        "state_snapshots": 0,
         "dead_letters": 0,
     }
     assert ledger.committed_offsets(P) == positions
@@ -182,29 +180,6 @@ def check_keeps_the_epoch_holding_a_partition_position(ledger: Ledger) -> None:
     assert h.run(1, partitions=[("gone", 0), ("in", 0)])[0].ranges[0] == OffsetRange("gone", 0, 10, 20)
     ledger.retain(P, policy(2))
     assert h.numbers() == [7, 8]  # once a newer epoch holds the position, epoch 1 goes
-
-
-def check_keeps_the_latest_committed_snapshot_and_deletes_superseded_ones(ledger: Ledger) -> None:
-    h = History(ledger)
-    for with_snapshot in (True, True, False, False, False, False):
-        epoch = h.plan()
-        if with_snapshot:
-            ledger.stage_snapshot(P, epoch.number, f"/state/{epoch.number}", epoch.attempt_token)
-        h.precommit(epoch)
-        h.commit(epoch)
-    discarded = h.plan()
-    ledger.stage_snapshot(P, discarded.number, "/state/aborted", discarded.attempt_token)
-    h.coordinator.abort(number=discarded.number, reason="test")
-    h.run(1)
-    latest = ledger.latest_snapshot(P)
-    assert latest is not None and latest.epoch == 2
-
-    result = ledger.retain(P, policy(1))
-
-    assert ledger.latest_snapshot(P) == latest
-    assert h.numbers() == [2, 8]  # epoch 2 stays for its snapshot, whatever its age
-    assert result.deleted["state_snapshots"] == 2  # epoch 1's superseded one, epoch 7's discarded one
-    assert ledger.row_counts(P)["state_snapshots"] == 1
 
 
 def check_keeps_the_epochs_a_replacement_in_flight_replaces(ledger: Ledger) -> None:
@@ -279,7 +254,6 @@ CHECKS: list[Callable[[Ledger], None]] = [
     check_never_deletes_the_epoch_in_flight,
     check_an_undecided_epoch_can_still_be_aborted_by_hand,
     check_keeps_the_epoch_holding_a_partition_position,
-    check_keeps_the_latest_committed_snapshot_and_deletes_superseded_ones,
     check_keeps_the_epochs_a_replacement_in_flight_replaces,
     check_dead_letters_age_out_and_keep_young_ones_epochs,
     check_old_dead_letters_go_from_epochs_that_are_kept,
@@ -365,11 +339,10 @@ def test_cli_retain_prints_one_line_per_kind(
     code = cli.main(["--ledger-url", ledger.url, "retain", P, "--keep-epochs", "2"])
     out = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert out[:5] == [
+    assert out[:4] == [
         "epochs: 3 rows deleted",
         "epoch_offsets: 6 rows deleted",
         "participants: 6 rows deleted",
-        "state_snapshots: 0 rows deleted",
         "dead_letters: 0 rows deleted",
     ]
     assert cli.main(["--ledger-url", ledger.url, "retain", P, "--keep-epochs", "0"]) == 1

@@ -32,7 +32,6 @@ from onceflow.ledger import (
     EpochStatus,
     IllegalTransition,
     Ledger,
-    LosingAttempt,
     OffsetGap,
     ParticipantsMissing,
     PrecommitRefused,
@@ -55,7 +54,7 @@ class ModelEpoch:
     status: str
     expected: tuple[tuple[str, str], ...]
     ranges: dict[int, tuple[int, int]]
-    tokens: list[str]
+    token: str
     winners: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
@@ -84,33 +83,36 @@ class LedgerMachine(RuleBasedStateMachine):
         return Committable(self.p, e.number, 0, task, attempt, sink, handle={"path": f"/s/{task}/{attempt}"})
 
     def task_attempt(self, e: ModelEpoch, pair: tuple[str, str], attempt: str, token: str) -> None:
-        """A Spark task: stage, report; on refusal roll back its own staging. Checks the model's verdict."""
+        """A slice of one Spark task: stage, register; a refused or losing attempt rolls back its own
+        staging. Checks the model's verdict."""
         sink, task = pair
         c = self.committable(e, sink, task, attempt)
         committer = self.sinks[sink]
         if key_of(c) not in committer.visible:
             committer.stage(c)
         winner = e.winners.get(pair)
+        refusal: type[Exception] | None = None
         if e.status in ("COMMITTING", "COMMITTED") and winner == attempt:
-            expected: type[Exception] | None = None
+            pass
         elif e.status != "PLANNED":
-            expected = EpochNotPlanned
-        elif token != e.tokens[-1]:
-            expected = StaleAttemptToken
+            refusal = EpochNotPlanned
+        elif token != e.token:
+            refusal = StaleAttemptToken
         elif pair not in e.expected:
-            expected = UnexpectedParticipant
-        elif winner is not None and winner != attempt:
-            expected = LosingAttempt
-        else:
-            expected = None
+            refusal = UnexpectedParticipant
+        loses = refusal is None and winner is not None and winner != attempt
         try:
-            self.ledger.register_precommit(c, token)
+            done = self.ledger.precommit_slice(self.p, e.number, token, [c])
         except PrecommitRefused as exc:
-            assert expected is not None and isinstance(exc, expected), (exc, expected)
+            assert refusal is not None and isinstance(exc, refusal), (exc, refusal)
+            done = None
+        else:
+            assert refusal is None, f"pre-commit accepted, expected {refusal}"
+            assert list(done.lost) == ([c] if loses else []), (done, loses)
+        if done is None or loses:
             if key_of(c) not in committer.visible:
                 committer.abort([c])
             return
-        assert expected is None, f"pre-commit accepted, expected {expected}"
         e.winners[pair] = attempt
 
     def ready(self, e: ModelEpoch) -> bool:
@@ -126,9 +128,8 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(
         advance=st.tuples(st.integers(0, 4), st.integers(0, 4)),
         expected=st.sets(st.sampled_from(PAIRS), min_size=1),
-        snapshot=st.booleans(),
     )
-    def plan(self, advance: tuple[int, int], expected: set[tuple[str, str]], snapshot: bool) -> None:
+    def plan(self, advance: tuple[int, int], expected: set[tuple[str, str]]) -> None:
         ranges = {
             p: (self.position.get(p, 0), self.position.get(p, 0) + a)
             for p, a in zip(PARTITIONS, advance, strict=True)
@@ -140,9 +141,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         e = self.ledger.plan_epoch(self.p, offsets, sorted(expected))
         assert e.number == len(self.epochs) + 1
-        self.epochs.append(ModelEpoch(e.number, "PLANNED", e.expected, ranges, [e.attempt_token]))
-        if snapshot:
-            self.ledger.stage_snapshot(self.p, e.number, f"/state/{e.number}", e.attempt_token)
+        self.epochs.append(ModelEpoch(e.number, "PLANNED", e.expected, ranges, e.attempt_token))
 
     @precondition(lambda self: bool(self.position))
     @rule(skew=st.sampled_from([-1, 1, 3]))
@@ -159,7 +158,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def precommit(self, pair: tuple[str, str], attempt: str) -> None:
         e = self.last
         assert e is not None
-        self.task_attempt(e, pair, attempt, e.tokens[-1])
+        self.task_attempt(e, pair, attempt, e.token)
 
     @precondition(lambda self: self.last is not None and bool(self.last.winners))
     @rule(data=st.data())
@@ -167,14 +166,14 @@ class LedgerMachine(RuleBasedStateMachine):
         e = self.last
         assert e is not None
         pair = data.draw(st.sampled_from(sorted(e.winners)))
-        self.task_attempt(e, pair, e.winners[pair], e.tokens[-1])
+        self.task_attempt(e, pair, e.winners[pair], e.token)
 
     @precondition(lambda self: self.last is not None)
     @rule(pair=st.sampled_from(PAIRS), which=st.integers(0, 10))
     def zombie_with_stale_token(self, pair: tuple[str, str], which: int) -> None:
         e = self.last
         assert e is not None
-        stale = [t for m in self.epochs for t in m.tokens if t != e.tokens[-1]] or ["not-a-token"]
+        stale = [m.token for m in self.epochs if m.token != e.token] or ["not-a-token"]
         self.task_attempt(e, pair, "zombie", stale[which % len(stale)])
 
     @precondition(lambda self: any(m.status == "ABORTED" for m in self.epochs))
@@ -182,21 +181,14 @@ class LedgerMachine(RuleBasedStateMachine):
     def zombie_of_an_aborted_epoch(self, pair: tuple[str, str], which: int) -> None:
         aborted = [m for m in self.epochs if m.status == "ABORTED"]
         e = aborted[which % len(aborted)]
-        self.task_attempt(e, pair, "zombie", e.tokens[-1])
+        self.task_attempt(e, pair, "zombie", e.token)
 
     @precondition(lambda self: self.last is not None)
     @rule()
     def zombie_unexpected_task(self) -> None:
         e = self.last
         assert e is not None
-        self.task_attempt(e, ("db", "t9"), "a0", e.tokens[-1])
-
-    @precondition(lambda self: self.open is not None and self.open.status == "PLANNED")
-    @rule()
-    def renew_token(self) -> None:
-        e = self.open
-        assert e is not None
-        e.tokens.append(self.ledger.renew_attempt_token(self.p, e.number).attempt_token)
+        self.task_attempt(e, ("db", "t9"), "a0", e.token)
 
     @precondition(lambda self: self.last is not None)
     @rule()
@@ -306,7 +298,6 @@ class LedgerMachine(RuleBasedStateMachine):
                 "SELECT epoch, partition, from_offset, until_offset FROM epoch_offsets WHERE pipeline = :p"
             )
         }
-        snaps = self.rows("SELECT epoch, status FROM state_snapshots WHERE pipeline = :p")
         visible = {k for s in self.sinks.values() for k in s.visible if k[0] == self.p}
 
         # The tables agree with the model, epoch by epoch, and numbers are 1..n.
@@ -329,20 +320,12 @@ class LedgerMachine(RuleBasedStateMachine):
         # 7. ... and that is the position the ledger reports and the model expects
         assert self.ledger.committed_offsets(self.p) == {(TOPIC, p): o for p, o in position.items()}
         assert position == self.position
-        for n, status in snaps:
-            assert (str(status), epochs[int(n)][0]) in {
-                ("STAGED", "PLANNED"),
-                ("STAGED", "ABORTING"),
-                ("STAGED", "COMMITTING"),
-                ("COMMITTED", "COMMITTED"),
-                ("DISCARDED", "ABORTED"),
-            }
         for n, (status, expected, decided) in epochs.items():
             mine = parts.get(n, {})
-            tokens = next(m.tokens for m in self.epochs if m.number == n)
+            token_of_epoch = next(m.token for m in self.epochs if m.number == n)
             for pair, (_, _, token) in mine.items():
-                # 3. only expected tasks with a token of this epoch were accepted
-                assert list(pair) in expected and token in tokens
+                # 3. only expected tasks with the token of this epoch were accepted
+                assert list(pair) in expected and token == token_of_epoch
             statuses = {pstatus for _, pstatus, _ in mine.values()}
             if status in ("COMMITTING", "COMMITTED"):
                 # 4. decided only with every expected participant pre-committed

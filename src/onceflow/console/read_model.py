@@ -222,15 +222,6 @@ def pipeline_names(ledger: Ledger) -> list[str]:
     return sorted({*ledger.pipelines(), *listed_pipelines()})
 
 
-def spec_of(name: str) -> Pipeline | None:
-    """The spec ONCEFLOW_PIPELINES lists for ``name``, or None (the console can show a pipeline only
-    the ledger knows; acting on it needs the spec)."""
-    from onceflow.catalog import listed_pipelines
-
-    listed = listed_pipelines()
-    return listed[name][1] if name in listed else None
-
-
 def pipeline_view(
     ledger: Ledger,
     pipeline: str,

@@ -11,7 +11,6 @@ from onceflow.ledger.errors import (
     InvalidPlan,
     LedgerError,
     LedgerUnavailable,
-    LosingAttempt,
     MissingCommitter,
     OffsetGap,
     ParticipantsMissing,
@@ -26,8 +25,8 @@ from onceflow.ledger.errors import (
     UnknownEpoch,
 )
 from onceflow.ledger.ledger import Ledger, Registration
-from onceflow.ledger.models import EpochStatus, ParticipantStatus, SnapshotStatus
-from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter
+from onceflow.ledger.models import EpochStatus, ParticipantStatus
+from onceflow.ledger.records import Epoch, Participant, StoredDeadLetter
 from onceflow.records import DeadLetter
 
 __all__ = [
@@ -41,7 +40,6 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerUnavailable",
-    "LosingAttempt",
     "MissingCommitter",
     "OffsetGap",
     "Participant",
@@ -54,9 +52,7 @@ __all__ = [
     "SinkCallFailed",
     "SinkCallFailedKnown",
     "SinkCallRetryLater",
-    "SnapshotStatus",
     "StaleAttemptToken",
-    "StateSnapshot",
     "StoredDeadLetter",
     "UnexpectedParticipant",
     "UnknownEpoch",

@@ -53,10 +53,6 @@ class UnexpectedParticipant(PrecommitRefused):
     """The (sink, task) was not planned as a participant of the epoch."""
 
 
-class LosingAttempt(PrecommitRefused):
-    """Another attempt of the same (sink, task) registered first and won."""
-
-
 class IllegalTransition(LedgerError):
     """The epoch's current status does not allow the requested transition."""
 

@@ -1,4 +1,4 @@
-"""The ledger: a store of epochs, offsets, participants, state snapshots and dead letters.
+"""The ledger: a store of epochs, offsets, participants and dead letters.
 
 It knows tables and compare-and-set transitions, nothing of sinks or committers: the coordinator
 (`onceflow.coordinator`) drives the protocol through it, and Spark executors never touch it (their driver
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -34,7 +34,6 @@ from onceflow.ledger.errors import (
     IllegalTransition,
     InvalidPlan,
     LedgerError,
-    LosingAttempt,
     OffsetGap,
     ParticipantsMissing,
     Refused,
@@ -51,17 +50,28 @@ from onceflow.ledger.models import (
     ParticipantRow,
     ParticipantStatus,
     PipelineRow,
-    SnapshotStatus,
-    StateSnapshotRow,
     utcnow,
 )
-from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter, where
+from onceflow.ledger.records import Epoch, Participant, StoredDeadLetter, where
 from onceflow.ledger.refusals import abort_refusal, commit_refusal
 from onceflow.ledger.retention import RetentionPolicy, RetentionResult
 from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
 
-_DECIDED_FOR_COMMIT = (EpochStatus.COMMITTING.value, EpochStatus.COMMITTED.value)
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One of an epoch's two ways out of PLANNED, as its decision, its marks and its finish see it."""
+
+    decided: EpochStatus
+    final: EpochStatus
+    participants: ParticipantStatus
+    doing: str
+
+
+_COMMIT = _Outcome(EpochStatus.COMMITTING, EpochStatus.COMMITTED, ParticipantStatus.COMMITTED, "committing")
+_ABORT = _Outcome(EpochStatus.ABORTING, EpochStatus.ABORTED, ParticipantStatus.ABORTED, "aborting")
+_DECIDED_FOR_COMMIT = (_COMMIT.decided.value, _COMMIT.final.value)
 # Handle keys that name where a committable's output is staged, in the order they are looked up.
 _LOCATION_KEYS = ("location", "path", "gid", "transactional_id")
 
@@ -427,22 +437,6 @@ class Ledger:
         if sorted(old.ranges) != sorted(ranges):
             raise InvalidPlan(f"a replacement of {old} must read exactly its ranges {list(old.ranges)}")
 
-    def renew_attempt_token(self, pipeline: str, number: int) -> Epoch:
-        """Give a PLANNED epoch a fresh token, fencing off stragglers of an earlier job submission.
-
-        Participants registered already stay: their output is staged durably and task ids are stable.
-        """
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="update")
-            if row.status != EpochStatus.PLANNED:
-                raise IllegalTransition(
-                    f"cannot renew the attempt token of {where(pipeline, number)}: it is {row.status}"
-                )
-            token = secrets.token_hex(16)
-            self._cas(s, pipeline, number, EpochStatus.PLANNED, EpochStatus.PLANNED, attempt_token=token)
-            row.attempt_token = token
-            return self._to_epoch(s, row)
-
     def renew_lease(self, pipeline: str, number: int, lease_s: float) -> bool:
         """Extend the lease of an epoch in flight; False once it is final (nothing left to keep alive)."""
         with self._tx() as s:
@@ -471,21 +465,6 @@ class Ledger:
                 f"{where(row.pipeline, row.epoch)}: {what} refused, its attempt token is not the current "
                 "one (a zombie of a superseded attempt; the caller must roll back its own staging)"
             )
-
-    def register_precommit(self, committable: Committable, attempt_token: str) -> Participant:
-        """Register one pre-commit; `LosingAttempt` when another attempt of its task won (see
-        `precommit_slice`, which this is a one-committable case of)."""
-        done = self.precommit_slice(committable.pipeline, committable.epoch, attempt_token, [committable])
-        if done.lost:
-            c = done.lost[0]
-            winner = next(
-                p for p in self.participants(c.pipeline, c.epoch) if (p.sink, p.task) == (c.sink, c.task)
-            )
-            raise LosingAttempt(
-                f"{where(c.pipeline, c.epoch)}: pre-commit of sink {c.sink!r} task {c.task!r} attempt "
-                f"{c.attempt!r} refused, attempt {winner.attempt!r} of that task registered first and won"
-            )
-        return done.accepted[0]
 
     def precommit_slice(
         self,
@@ -597,52 +576,69 @@ class Ledger:
             .order_by(ParticipantRow.sink, ParticipantRow.task)
         ).all()
 
+    @staticmethod
+    def _reached(row: EpochRow, outcome: _Outcome, doing: str) -> bool:
+        """True once the epoch has reached the outcome's final status (a repeat is then a no-op); refused
+        unless it is on its way there."""
+        if row.status == outcome.final:
+            return True
+        if row.status != outcome.decided:
+            raise IllegalTransition(f"cannot {doing}: the epoch is {row.status}, not {outcome.decided}")
+        return False
+
+    def _decide(
+        self,
+        pipeline: str,
+        number: int,
+        outcome: _Outcome,
+        refusal: Callable[[Epoch], str | None],
+        values: Callable[[Session, EpochRow], dict[str, Any]],
+    ) -> Epoch:
+        """PLANNED -> the outcome's decided status, idempotent once decided either way; refused when
+        ``refusal`` (a rule of `onceflow.ledger.refusals`) names a reason. ``values`` checks what else the
+        decision needs and returns what it records."""
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="update")
+            if row.status in (outcome.decided, outcome.final):
+                return self._to_epoch(s, row)
+            refused = refusal(self._to_epoch(s, row))
+            if refused is not None:
+                raise Refused(refused)
+            self._transition(s, row, EpochStatus.PLANNED, outcome.decided, **values(s, row))
+            return self._to_epoch(s, row)
+
     def record_commit_decision(self, pipeline: str, number: int) -> Epoch:
         """Write the durable decision to commit: PLANNED -> COMMITTING (idempotent once decided).
 
         Only when every expected participant is PRECOMMITTED (invariant 4); refused once an abort began
         (invariant 6).
         """
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="update")
-            status = EpochStatus(row.status)
-            if status in (EpochStatus.COMMITTING, EpochStatus.COMMITTED):
-                return self._to_epoch(s, row)
-            refusal = commit_refusal(self._to_epoch(s, row))
-            if refusal is not None:
-                raise Refused(refusal)
-            reported = {(p.sink, p.task) for p in self._participant_rows(s, pipeline, number)}
-            expected = [(str(a), str(b)) for a, b in json.loads(row.expected_participants)]
-            missing = [pair for pair in expected if pair not in reported]
-            if missing:
-                names = ", ".join(f"{sink}/{task}" for sink, task in missing[:10])
-                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-                raise ParticipantsMissing(
-                    f"cannot commit {where(pipeline, number)}: {len(missing)} of {len(expected)} expected "
-                    f"participants have not pre-committed ({names}{more})"
-                )
-            self._transition(s, row, EpochStatus.PLANNED, EpochStatus.COMMITTING, decided_at=utcnow())
-            return self._to_epoch(s, row)
+        return self._decide(pipeline, number, _COMMIT, commit_refusal, self._every_participant_reported)
 
-    def _mark(
-        self,
-        pipeline: str,
-        number: int,
-        sink: str,
-        *,
-        during: EpochStatus,
-        done: EpochStatus,
-        to: ParticipantStatus,
-    ) -> int:
+    def _every_participant_reported(self, s: Session, row: EpochRow) -> dict[str, Any]:
+        reported = {(p.sink, p.task) for p in self._participant_rows(s, row.pipeline, row.epoch)}
+        expected = [(str(a), str(b)) for a, b in json.loads(row.expected_participants)]
+        missing = [pair for pair in expected if pair not in reported]
+        if missing:
+            names = ", ".join(f"{sink}/{task}" for sink, task in missing[:10])
+            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+            raise ParticipantsMissing(
+                f"cannot commit {where(row.pipeline, row.epoch)}: {len(missing)} of {len(expected)} "
+                f"expected participants have not pre-committed ({names}{more})"
+            )
+        return {"decided_at": utcnow()}
+
+    def record_abort_decision(self, pipeline: str, number: int, reason: str) -> Epoch:
+        """PLANNED -> ABORTING; idempotent once aborting; refused once decided (invariant 5)."""
+        return self._decide(pipeline, number, _ABORT, abort_refusal, lambda s, row: {"abort_reason": reason})
+
+    def _mark(self, pipeline: str, number: int, sink: str, outcome: _Outcome) -> int:
+        """Set the sink's PRECOMMITTED participants to the outcome, once its committer has carried it out."""
         with self._tx() as s:
             row = self._epoch_row(s, pipeline, number, lock="share")
-            if row.status == done:
+            to = outcome.participants
+            if self._reached(row, outcome, f"mark sink {sink!r} of {where(pipeline, number)} {to}"):
                 return 0
-            if row.status != during:
-                raise IllegalTransition(
-                    f"cannot mark sink {sink!r} of {where(pipeline, number)} {to}: the epoch is "
-                    f"{row.status}, not {during}"
-                )
             result = s.execute(
                 update(ParticipantRow)
                 .where(
@@ -658,183 +654,49 @@ class Ledger:
 
     def mark_committed(self, pipeline: str, number: int, sink: str) -> int:
         """Record that the sink's committer committed its participants of a COMMITTING epoch."""
-        return self._mark(
-            pipeline,
-            number,
-            sink,
-            during=EpochStatus.COMMITTING,
-            done=EpochStatus.COMMITTED,
-            to=ParticipantStatus.COMMITTED,
-        )
+        return self._mark(pipeline, number, sink, _COMMIT)
 
     def mark_aborted(self, pipeline: str, number: int, sink: str) -> int:
         """Record that the sink's committer rolled back its participants of an ABORTING epoch."""
-        return self._mark(
-            pipeline,
-            number,
-            sink,
-            during=EpochStatus.ABORTING,
-            done=EpochStatus.ABORTED,
-            to=ParticipantStatus.ABORTED,
-        )
+        return self._mark(pipeline, number, sink, _ABORT)
 
-    def _snapshots_to(self, s: Session, pipeline: str, number: int, status: SnapshotStatus) -> None:
-        s.execute(
-            update(StateSnapshotRow)
-            .where(
-                StateSnapshotRow.pipeline == pipeline,
-                StateSnapshotRow.epoch == number,
-                StateSnapshotRow.status == SnapshotStatus.STAGED.value,
-            )
-            .values(status=status.value, updated_at=utcnow())
-            .execution_options(synchronize_session=False)
-        )
+    def _finish(self, pipeline: str, number: int, outcome: _Outcome, pending_message: str) -> Epoch:
+        """The last compare-and-set of either outcome, once every participant has reached it."""
+        doing = f"finish {outcome.doing} {where(pipeline, number)}"
+        with self._tx() as s:
+            row = self._epoch_row(s, pipeline, number, lock="update")
+            if self._reached(row, outcome, doing):
+                return self._to_epoch(s, row)
+            pending = [
+                f"{p.sink}/{p.task}"
+                for p in self._participant_rows(s, pipeline, number)
+                if p.status != outcome.participants
+            ]
+            if pending:
+                raise IllegalTransition(f"cannot {doing}: " + pending_message.format(", ".join(pending)))
+            self._transition(s, row, outcome.decided, outcome.final, finished_at=utcnow())
+            return self._to_epoch(s, row)
 
     def complete_commit(self, pipeline: str, number: int) -> Epoch:
-        """COMMITTING -> COMMITTED once every participant is COMMITTED; idempotent.
-
-        The epoch's staged state snapshots are promoted in the same transaction, so that the source
-        position and the state advance together and only with COMMITTED (invariant 7).
-        """
+        """COMMITTING -> COMMITTED once every participant is COMMITTED; idempotent."""
         return self._finish(
             pipeline,
             number,
-            EpochStatus.COMMITTING,
-            EpochStatus.COMMITTED,
-            ParticipantStatus.COMMITTED,
-            SnapshotStatus.COMMITTED,
+            _COMMIT,
             "participants not committed yet ({}); commit them first "
             f"(`onceflow commit {pipeline} {number}`)",
         )
 
-    def record_abort_decision(self, pipeline: str, number: int, reason: str) -> Epoch:
-        """PLANNED -> ABORTING; idempotent once aborting; refused once decided (invariant 5)."""
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="update")
-            status = EpochStatus(row.status)
-            if status in (EpochStatus.ABORTING, EpochStatus.ABORTED):
-                return self._to_epoch(s, row)
-            refusal = abort_refusal(self._to_epoch(s, row))
-            if refusal is not None:
-                raise Refused(refusal)
-            self._transition(s, row, EpochStatus.PLANNED, EpochStatus.ABORTING, abort_reason=reason)
-            return self._to_epoch(s, row)
-
     def complete_abort(self, pipeline: str, number: int) -> Epoch:
-        """ABORTING -> ABORTED once every participant is ABORTED; staged state is discarded with it."""
-        return self._finish(
-            pipeline,
-            number,
-            EpochStatus.ABORTING,
-            EpochStatus.ABORTED,
-            ParticipantStatus.ABORTED,
-            SnapshotStatus.DISCARDED,
-            "participants not rolled back yet ({})",
-        )
+        """ABORTING -> ABORTED once every participant is ABORTED; idempotent."""
+        return self._finish(pipeline, number, _ABORT, "participants not rolled back yet ({})")
 
-    def _finish(
-        self,
-        pipeline: str,
-        number: int,
-        current: EpochStatus,
-        final: EpochStatus,
-        participants_must_be: ParticipantStatus,
-        snapshots_become: SnapshotStatus,
-        pending_message: str,
-    ) -> Epoch:
-        """The last compare-and-set of either outcome, once every participant has reached it."""
-        verb = "committing" if final is EpochStatus.COMMITTED else "aborting"
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="update")
-            if row.status == final:
-                return self._to_epoch(s, row)
-            if row.status != current:
-                raise IllegalTransition(
-                    f"cannot finish {verb} {where(pipeline, number)}: it is {row.status}, not {current}"
-                )
-            pending = [
-                f"{p.sink}/{p.task}"
-                for p in self._participant_rows(s, pipeline, number)
-                if p.status != participants_must_be
-            ]
-            if pending:
-                raise IllegalTransition(
-                    f"cannot finish {verb} {where(pipeline, number)}: "
-                    + pending_message.format(", ".join(pending))
-                )
-            self._transition(s, row, current, final, finished_at=utcnow())
-            self._snapshots_to(s, pipeline, number, snapshots_become)
-            return self._to_epoch(s, row)
-
-    # ------------------------------------------------------------------------ state and dead letters
-
-    def stage_snapshot(self, pipeline: str, number: int, location: str, attempt_token: str) -> StateSnapshot:
-        """Record a state snapshot written for a PLANNED epoch; it counts only once the epoch commits."""
-        now = utcnow()
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="share")
-            self._check_fence(row, attempt_token, f"state snapshot {location!r}")
-            snap = StateSnapshotRow(
-                pipeline=pipeline,
-                epoch=number,
-                location=location,
-                status=SnapshotStatus.STAGED.value,
-                created_at=now,
-                updated_at=now,
-            )
-            s.add(snap)
-            s.flush()
-            return self._to_snapshot(snap)
-
-    @staticmethod
-    def _to_snapshot(row: StateSnapshotRow) -> StateSnapshot:
-        return StateSnapshot(
-            id=row.id,
-            pipeline=row.pipeline,
-            epoch=row.epoch,
-            location=row.location,
-            status=SnapshotStatus(row.status),
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-        )
-
-    def snapshots(self, pipeline: str, number: int) -> list[StateSnapshot]:
-        with self._tx() as s:
-            rows = s.scalars(
-                select(StateSnapshotRow)
-                .where(StateSnapshotRow.pipeline == pipeline, StateSnapshotRow.epoch == number)
-                .order_by(StateSnapshotRow.id)
-            ).all()
-            return [self._to_snapshot(r) for r in rows]
-
-    def latest_snapshot(self, pipeline: str) -> StateSnapshot | None:
-        """The state of the last committed epoch that wrote one: where a stateful job resumes."""
-        with self._tx() as s:
-            row = retention.latest_snapshot(s, pipeline)
-            return None if row is None else self._to_snapshot(row)
-
-    def add_dead_letters(
-        self,
-        pipeline: str,
-        number: int,
-        letters: Sequence[DeadLetter],
-        attempt_token: str,
-        *,
-        after_commit: bool = False,
-    ) -> int:
-        """Keep records that failed to decode or transform; a retried task adding them again is a no-op.
-
-        Fenced like a pre-commit, and listed only once the epoch commits (an aborted epoch is replayed
-        and reports its dead letters again). ``after_commit`` also accepts a COMMITTED epoch: an
-        at-most-once epoch is committed before its records are read.
-        """
-        with self._tx() as s:
-            row = self._epoch_row(s, pipeline, number, lock="share")
-            self._check_fence(row, attempt_token, f"{len(letters)} dead letters", committed_ok=after_commit)
-            return self._add_dead_letters(s, pipeline, number, letters)
+    # ---------------------------------------------------------------------------------- dead letters
 
     @staticmethod
     def _add_dead_letters(s: Session, pipeline: str, number: int, letters: Sequence[DeadLetter]) -> int:
+        """Keep records that failed to decode or transform, skipping those kept already (a retried slice).
+        They are listed only once the epoch commits: an aborted epoch is replayed and reports them again."""
         if not letters:
             return 0
         have = {
@@ -903,14 +765,13 @@ class Ledger:
     ) -> RetentionResult:
         """Delete the pipeline's history that no step can still need (see `onceflow.ledger.retention`).
 
-        1. Find the oldest of the ``keep_epochs`` most recent committed epochs, the epochs holding a
-           partition's position and the latest committed state snapshot's epoch (these only loosen as
-           epochs commit, so reading them once is safe).
+        1. Find the oldest of the ``keep_epochs`` most recent committed epochs and the epochs holding a
+           partition's position (these only loosen as epochs commit, so reading them once is safe).
         2. Delete older final epochs with their rows, oldest first, ``batch_epochs`` per transaction;
            each transaction locks the pipeline and reads again what the epoch in flight and young dead
            letters need.
-        3. Delete superseded and discarded state snapshot rows, then dead letters older than
-           ``dead_letter_age`` of final epochs, ``batch_rows`` per transaction.
+        3. Delete dead letters older than ``dead_letter_age`` of final epochs, ``batch_rows`` per
+           transaction.
         """
         now = now or utcnow()
         young_since = now - policy.dead_letter_age
@@ -919,9 +780,6 @@ class Ledger:
         with self._tx() as s:
             below = retention.oldest_kept(s, pipeline, policy.keep_epochs)
             stable = set() if below is None else retention.position_holders(s, pipeline, below)
-            snapshot = retention.latest_snapshot_row(s, pipeline)
-        if snapshot is not None:
-            stable.add(snapshot[1])
         # 2.
         if below is not None:
             result.oldest_kept = below
@@ -949,35 +807,25 @@ class Ledger:
                     or 0
                 )
         # 3.
-        for kind, model in (("state_snapshots", StateSnapshotRow), ("dead_letters", DeadLetterRow)):
-            while True:
-                with self._tx() as s:
-                    if not retention.lock_pipeline(s, pipeline):
-                        break
-                    if model is StateSnapshotRow:
-                        ids = retention.superseded_snapshots_batch(s, pipeline, policy.batch_rows)
-                    else:
-                        ids = retention.old_dead_letters_batch(s, pipeline, young_since, policy.batch_rows)
-                    result.add(kind, retention.delete_ids(s, model, ids))
-                result.batches += bool(ids)
-                if len(ids) < policy.batch_rows:
+        while True:
+            with self._tx() as s:
+                if not retention.lock_pipeline(s, pipeline):
                     break
+                ids = retention.old_dead_letters_batch(s, pipeline, young_since, policy.batch_rows)
+                result.add("dead_letters", retention.delete_dead_letters(s, ids))
+            result.batches += bool(ids)
+            if len(ids) < policy.batch_rows:
+                break
         return result
 
     def row_counts(self, pipeline: str | None = None) -> dict[str, int]:
         """Rows per ledger table (of one pipeline if given): what retention keeps bounded."""
         models: dict[
-            str,
-            type[EpochRow]
-            | type[EpochOffsetRow]
-            | type[ParticipantRow]
-            | type[StateSnapshotRow]
-            | type[DeadLetterRow],
+            str, type[EpochRow] | type[EpochOffsetRow] | type[ParticipantRow] | type[DeadLetterRow]
         ] = {
             "epochs": EpochRow,
             "epoch_offsets": EpochOffsetRow,
             "participants": ParticipantRow,
-            "state_snapshots": StateSnapshotRow,
             "dead_letters": DeadLetterRow,
         }
         counts: dict[str, int] = {}

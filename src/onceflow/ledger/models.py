@@ -47,12 +47,6 @@ class ParticipantStatus(enum.StrEnum):
     ABORTED = "ABORTED"
 
 
-class SnapshotStatus(enum.StrEnum):
-    STAGED = "STAGED"
-    COMMITTED = "COMMITTED"
-    DISCARDED = "DISCARDED"
-
-
 OPEN_STATUSES = (EpochStatus.PLANNED, EpochStatus.COMMITTING, EpochStatus.ABORTING)
 _OPEN_SQL = "status IN ('PLANNED', 'COMMITTING', 'ABORTING')"
 
@@ -162,19 +156,6 @@ class ParticipantRow(Base):
     status: Mapped[str] = mapped_column(String(16))
     precommitted_at: Mapped[datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-
-
-class StateSnapshotRow(Base):
-    __tablename__ = "state_snapshots"
-    __table_args__ = (ForeignKeyConstraint(["pipeline", "epoch"], ["epochs.pipeline", "epochs.epoch"]),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    pipeline: Mapped[str] = mapped_column(String(100), index=True)
-    epoch: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"))
-    location: Mapped[str] = mapped_column(Text)
-    status: Mapped[str] = mapped_column(String(16))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class DeadLetterRow(Base):

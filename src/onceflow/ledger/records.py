@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from onceflow.committables import Committable
-from onceflow.ledger.models import EpochStatus, ParticipantStatus, SnapshotStatus
+from onceflow.ledger.models import EpochStatus, ParticipantStatus
 from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
 
@@ -61,17 +61,6 @@ class Participant:
     checksum: str
     precommitted_at: datetime
     finished_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class StateSnapshot:
-    id: int
-    pipeline: str
-    epoch: int
-    location: str
-    status: SnapshotStatus
-    created_at: datetime
-    updated_at: datetime
 
 
 @dataclass(frozen=True)

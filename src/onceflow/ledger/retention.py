@@ -5,8 +5,7 @@ every epoch, for ever; Flink bounds its checkpoints the same way (``state.checkp
 What goes, per pipeline:
 
 - final epochs (COMMITTED or ABORTED) older than the ``keep_epochs`` most recent COMMITTED epochs, with
-  their offsets, participants, state snapshot rows and dead letters;
-- state snapshot rows that are superseded (a later committed snapshot exists) or were discarded;
+  their offsets, participants and dead letters;
 - dead letters older than ``dead_letter_age`` whose epoch is final.
 
 What stays, however old (each would change what a step decides if it went):
@@ -14,7 +13,6 @@ What stays, however old (each would change what a step decides if it went):
 - every epoch that is not final (invariant 1's one epoch in flight, which recover finishes);
 - per input partition, the newest committed epoch whose range ends at the partition's position: the next
   plan starts there (invariant 2), also for a partition the source no longer reads this week;
-- the epoch of the latest committed state snapshot (where a stateful job resumes);
 - the epochs of the data interval the epoch in flight covers (a replacement re-run reads them to know
   whose output it replaces);
 - epochs with dead letters younger than ``dead_letter_age`` (an operator reads them by epoch).
@@ -40,12 +38,10 @@ from onceflow.ledger.models import (
     EpochStatus,
     ParticipantRow,
     PipelineRow,
-    SnapshotStatus,
-    StateSnapshotRow,
 )
 
 FINAL = (EpochStatus.COMMITTED.value, EpochStatus.ABORTED.value)
-KINDS = ("epochs", "epoch_offsets", "participants", "state_snapshots", "dead_letters")
+KINDS = ("epochs", "epoch_offsets", "participants", "dead_letters")
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,7 @@ class RetentionPolicy:
     keep_epochs: int
     dead_letter_age: timedelta
     batch_epochs: int = 20  # epochs deleted per transaction (with their offsets and participants)
-    batch_rows: int = 1000  # state snapshot or dead-letter rows deleted per transaction
+    batch_rows: int = 1000  # dead-letter rows deleted per transaction
 
     def __post_init__(self) -> None:
         if isinstance(self.keep_epochs, bool) or self.keep_epochs < 1:
@@ -153,25 +149,6 @@ def position_holders(s: Session, pipeline: str, below: int) -> set[int]:
     return {int(n) for n in s.scalars(holders).all() if n is not None and n < below}
 
 
-def latest_snapshot(s: Session, pipeline: str) -> StateSnapshotRow | None:
-    """The latest committed state snapshot: the one a stateful job resumes from, never deleted."""
-    return s.scalars(
-        select(StateSnapshotRow)
-        .where(
-            StateSnapshotRow.pipeline == pipeline,
-            StateSnapshotRow.status == SnapshotStatus.COMMITTED.value,
-        )
-        .order_by(StateSnapshotRow.epoch.desc(), StateSnapshotRow.id.desc())
-        .limit(1)
-    ).one_or_none()
-
-
-def latest_snapshot_row(s: Session, pipeline: str) -> tuple[int, int] | None:
-    """(id, epoch) of the latest committed state snapshot."""
-    row = latest_snapshot(s, pipeline)
-    return None if row is None else (int(row.id), int(row.epoch))
-
-
 def needed_now(s: Session, pipeline: str, below: int, young_since: datetime) -> set[int]:
     """Epochs older than ``below`` that the epoch in flight or young dead letters need, read inside the
     batch's own transaction (after the pipeline lock) because a plan can change them."""
@@ -214,7 +191,6 @@ def delete_epochs(s: Session, pipeline: str, numbers: Iterable[int], result: Ret
     children = (
         ("epoch_offsets", EpochOffsetRow),
         ("participants", ParticipantRow),
-        ("state_snapshots", StateSnapshotRow),
         ("dead_letters", DeadLetterRow),
     )
     for kind, model in children:
@@ -252,29 +228,6 @@ def old_epochs_batch(s: Session, pipeline: str, below: int, protected: set[int],
     return [int(n) for n in s.scalars(stmt.limit(limit)).all()]
 
 
-def superseded_snapshots_batch(s: Session, pipeline: str, limit: int) -> list[int]:
-    """Ids of snapshot rows no restore can use: discarded ones, and committed ones older than the latest.
-    STAGED rows belong to the epoch in flight and stay."""
-    latest = latest_snapshot_row(s, pipeline)
-    stmt = (
-        select(StateSnapshotRow.id)
-        .join(
-            EpochRow,
-            and_(EpochRow.pipeline == StateSnapshotRow.pipeline, EpochRow.epoch == StateSnapshotRow.epoch),
-        )
-        .where(
-            StateSnapshotRow.pipeline == pipeline,
-            EpochRow.status.in_(FINAL),
-            StateSnapshotRow.status.in_([SnapshotStatus.COMMITTED.value, SnapshotStatus.DISCARDED.value]),
-        )
-        .order_by(StateSnapshotRow.id)
-        .limit(limit)
-    )
-    if latest is not None:
-        stmt = stmt.where(StateSnapshotRow.id != latest[0])
-    return [int(i) for i in s.scalars(stmt).all()]
-
-
 def old_dead_letters_batch(s: Session, pipeline: str, older_than: datetime, limit: int) -> list[int]:
     """Ids of dead letters created before ``older_than`` whose epoch is final."""
     return [
@@ -296,11 +249,15 @@ def old_dead_letters_batch(s: Session, pipeline: str, older_than: datetime, limi
     ]
 
 
-def delete_ids(s: Session, model: type[StateSnapshotRow] | type[DeadLetterRow], ids: list[int]) -> int:
+def delete_dead_letters(s: Session, ids: list[int]) -> int:
     if not ids:
         return 0
     return _count(
-        s.execute(delete(model).where(model.id.in_(ids)).execution_options(synchronize_session=False))
+        s.execute(
+            delete(DeadLetterRow)
+            .where(DeadLetterRow.id.in_(ids))
+            .execution_options(synchronize_session=False)
+        )
     )
 
 
