@@ -3,7 +3,8 @@
 The ledger keeps every dead letter with its epoch, position and bytes; they are listed once their epoch
 commits (an aborted epoch's records are read again by the epoch that replays them, which reports them
 again). Text output shows a preview of each value for a person fixing the producer; ``--json`` carries
-the key and value bytes whole (base64), so nothing of a record is lost on the way out.
+the key and value bytes as kept (base64): a letter keeps a prefix of each and the whole sizes
+(`onceflow.records.DEAD_LETTER_PREFIX_BYTES`), the record itself stays in Kafka at its offset.
 """
 
 from __future__ import annotations
@@ -87,7 +88,11 @@ def describe(stored: StoredDeadLetter) -> str:
     d = stored.letter
     key = "" if d.key is None else f"  key {preview(d.key)}"
     where = f"{d.topic}[{d.partition}]@{d.offset}"
-    return f"epoch {stored.epoch}  {where}  {d.reason}{key}  value {preview(d.value)}"
+    kept = ""
+    if d.truncated:
+        held = 0 if d.value is None else len(d.value)
+        kept = f" (first {held} of {d.value_size} bytes kept; the record is in Kafka at its offset)"
+    return f"epoch {stored.epoch}  {where}  {d.reason}{key}  value {preview(d.value)}{kept}"
 
 
 def as_dict(stored: StoredDeadLetter) -> dict[str, Any]:
@@ -102,5 +107,7 @@ def as_dict(stored: StoredDeadLetter) -> dict[str, Any]:
         "key_base64": None if d.key is None else base64.b64encode(d.key).decode(),
         "value_base64": None if d.value is None else base64.b64encode(d.value).decode(),
         "value_preview": preview(d.value),
+        "key_size": d.key_size,
+        "value_size": d.value_size,
         "created_at": stored.created_at.isoformat(timespec="seconds"),
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from onceflow.pipeline import JsonFormat, RecordFormat
@@ -50,7 +50,13 @@ class KafkaRecord:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A record that could not become a row, with the reason; its bytes are kept as they were."""
+    """A record that could not become a row, with the reason, and what is kept of its key and value.
+
+    A letter keeps a prefix of the record's bytes (`kept`), and their whole sizes: a flood of large
+    poison records must not fill a Spark driver or the ledger, and the record itself stays in Kafka at
+    its offset. ``key_size``/``value_size`` are the original sizes (None: kept whole, as written before
+    the cap existed).
+    """
 
     topic: str
     partition: int
@@ -58,10 +64,46 @@ class DeadLetter:
     key: bytes | None
     value: bytes | None = field(repr=False)
     reason: str
+    key_size: int | None = None
+    value_size: int | None = None
+
+    @classmethod
+    def kept(
+        cls,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        reason: str,
+        keep_bytes: int,
+    ) -> DeadLetter:
+        """The letter of a record, keeping at most ``keep_bytes`` of its key and of its value."""
+        return cls(
+            topic,
+            partition,
+            offset,
+            None if key is None else key[:keep_bytes],
+            None if value is None else value[:keep_bytes],
+            reason,
+            None if key is None else len(key),
+            None if value is None else len(value),
+        )
+
+    def without_payload(self) -> DeadLetter:
+        """The letter with its reason and sizes but no bytes: past a task's payload budget."""
+        key_size = self.key_size if self.key_size is not None or self.key is None else len(self.key)
+        value_size = self.value_size if self.value_size is not None or self.value is None else len(self.value)
+        return replace(self, key=None, value=None, key_size=key_size, value_size=value_size)
 
     @property
     def code(self) -> str:
         return self.reason.partition(":")[0]
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the letter keeps less of the value than the record had."""
+        return self.value_size is not None and (self.value is None or len(self.value) < self.value_size)
 
     def to_json(self) -> str:
         """The letter as JSON (bytes in base64), to travel from a Spark task to its driver."""
@@ -73,6 +115,8 @@ class DeadLetter:
                 "key": None if self.key is None else base64.b64encode(self.key).decode(),
                 "value": None if self.value is None else base64.b64encode(self.value).decode(),
                 "reason": self.reason,
+                "key_size": self.key_size,
+                "value_size": self.value_size,
             }
         )
 
@@ -87,6 +131,8 @@ class DeadLetter:
             None if key is None else base64.b64decode(key),
             None if value is None else base64.b64decode(value),
             data["reason"],
+            data.get("key_size"),
+            data.get("value_size"),
         )
 
 
@@ -99,6 +145,12 @@ class DecodedBatch:
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# What one decoder (one Spark task) keeps of its dead letters: a prefix of each key and value, and the
+# bytes of its first letters only; every later letter keeps its offset, reason and sizes. So a flood of
+# large bad records costs a driver and the ledger at most about 1 MiB of payload per task, and every bad
+# record is still accounted for (the record itself stays in Kafka at its offset).
+DEAD_LETTER_PREFIX_BYTES = 1024
+DEAD_LETTERS_WITH_PAYLOAD = 1000
 
 
 class _Reject(Exception):
@@ -161,6 +213,7 @@ class RowDecoder:
             else ()
         )
         self._key_field = fmt.key_field if isinstance(fmt, JsonFormat) else None
+        self.dead_letters = 0  # letters made so far: past DEAD_LETTERS_WITH_PAYLOAD they keep no bytes
 
     def decode_row(self, record: KafkaRecord) -> Row | DeadLetter:
         """`decode`, with the row as a dict of column to value."""
@@ -177,9 +230,17 @@ class RowDecoder:
                 self._json_values(record) if isinstance(self.fmt, JsonFormat) else [record.key, record.value]
             )
         except _Reject as rejected:
-            return DeadLetter(
-                record.topic, record.partition, record.offset, record.key, record.value, rejected.reason
+            self.dead_letters += 1
+            letter = DeadLetter.kept(
+                record.topic,
+                record.partition,
+                record.offset,
+                record.key,
+                record.value,
+                rejected.reason,
+                DEAD_LETTER_PREFIX_BYTES,
             )
+            return letter if self.dead_letters <= DEAD_LETTERS_WITH_PAYLOAD else letter.without_payload()
         values += (record.topic, record.partition, record.offset, record.timestamp)
         return tuple(values)
 

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from onceflow.pipeline import JsonFormat, RawFormat
 from onceflow.records import (
     DEAD_LETTER_CODES,
+    DEAD_LETTER_PREFIX_BYTES,
+    DEAD_LETTERS_WITH_PAYLOAD,
     DeadLetter,
     KafkaRecord,
     decode_record,
@@ -144,3 +146,21 @@ def test_a_paired_surrogate_escape_is_the_character_it_encodes() -> None:
 def test_a_document_nested_too_deeply_is_malformed_json() -> None:
     decoded = decode_record(rec(b"[" * 100_000 + b"]" * 100_000), FMT, 10**6)
     assert isinstance(decoded, DeadLetter) and decoded.reason == "malformed_json: nested too deeply to decode"
+
+
+def test_a_flood_of_large_bad_records_keeps_a_bounded_prefix_and_every_offset() -> None:
+    flood = 1500
+    big = b"{" + b"x" * 50_000  # malformed and far larger than what a letter keeps
+    records = [KafkaRecord("in", 0, offset, 0, b"key" * 1000, big, ()) for offset in range(flood)]
+    batch = decode_records(records, JsonFormat({"n": "int"}), 1_048_576)
+    letters = batch.dead_letters
+    assert [d.offset for d in letters] == list(range(flood))  # every bad record accounted for
+    assert all(d.code == "malformed_json" and d.value_size == len(big) for d in letters)
+    assert all(d.key_size == 3000 and d.truncated for d in letters)
+    with_bytes = [d for d in letters if d.value is not None]
+    assert len(with_bytes) == DEAD_LETTERS_WITH_PAYLOAD
+    assert all(d.value == big[:DEAD_LETTER_PREFIX_BYTES] for d in with_bytes)
+    kept = sum(len(d.value or b"") + len(d.key or b"") for d in letters)
+    assert kept <= 2 * DEAD_LETTER_PREFIX_BYTES * DEAD_LETTERS_WITH_PAYLOAD
+    again = DeadLetter.from_json(letters[-1].to_json())  # the sizes travel to the driver
+    assert (again.value, again.value_size, again.key_size) == (None, len(big), 3000)

@@ -723,6 +723,8 @@ class Ledger:
                     key=d.key,
                     reason=d.reason,
                     value=d.value,
+                    key_size=d.key_size,
+                    value_size=d.value_size,
                     created_at=now,
                 )
             )
@@ -752,7 +754,9 @@ class Ledger:
                 StoredDeadLetter(
                     pipeline=r.pipeline,
                     epoch=r.epoch,
-                    letter=DeadLetter(r.topic, r.partition, r.offset, r.key, r.value, r.reason),
+                    letter=DeadLetter(
+                        r.topic, r.partition, r.offset, r.key, r.value, r.reason, r.key_size, r.value_size
+                    ),
                     created_at=r.created_at,
                 )
                 for r in s.scalars(stmt).all()

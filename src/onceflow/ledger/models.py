@@ -174,4 +174,7 @@ class DeadLetterRow(Base):
     key: Mapped[bytes | None] = mapped_column(LargeBinary)
     reason: Mapped[str] = mapped_column(Text)
     value: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # The record's whole key and value sizes, when the letter keeps less (None: kept whole).
+    key_size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    value_size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -10,6 +10,7 @@ from onceflow.config import Settings
 from onceflow.engine.runner import run_epoch
 from onceflow.errors import ConfigError
 from onceflow.ledger import EpochStatus, Ledger
+from onceflow.records import DEAD_LETTER_PREFIX_BYTES
 from onceflow.sinks.files import read_committed_table
 from tests.integration.engine.data import ORDERS, orders, pg_ids, produce
 
@@ -32,6 +33,26 @@ def test_a_pipeline_without_transform_runs_locally_with_dead_letters_and_two_sin
     with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
         letters = ledger.dead_letters(outcome.epoch.pipeline)
     assert [d.letter.reason.split(":")[0] for d in letters] == ["malformed_json"]
+
+
+def test_a_large_bad_record_is_kept_as_a_prefix_with_its_size_and_the_epoch_commits(
+    stack, settings, pg_connect
+) -> None:
+    good = orders(0, 10)
+    big = b'{"id": ' + b"7" * 200_000  # malformed JSON of 200 kB
+    produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], good, bad=[big, big])
+    outcome = run_epoch(REPLICATE, Settings.from_env(), executor="local")
+    assert outcome.epoch.status == EpochStatus.COMMITTED
+    assert pg_ids(pg_connect, stack["ONCEFLOW_TEST_TABLE"]) == sorted(o["id"] for o in good)
+    with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
+        letters = [d.letter for d in ledger.dead_letters(outcome.epoch.pipeline)]
+    assert len(letters) == 2 and len({d.offset for d in letters}) == 2
+    for letter in letters:
+        assert (letter.value, letter.value_size, letter.key_size) == (
+            big[:DEAD_LETTER_PREFIX_BYTES],
+            len(big),
+            3,
+        )
 
 
 def test_a_pipeline_with_a_transform_is_refused_by_the_local_executor(stack) -> None:
