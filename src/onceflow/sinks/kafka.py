@@ -119,8 +119,18 @@ def _as_config(config: KafkaSinkConfig | Mapping[str, Any]) -> KafkaSinkConfig:
 
 
 def transactional_id(pipeline: str, sink: str, slice_: int) -> str:
-    """Fixed per (pipeline, sink, slice): the next coordinator fences a crashed one by reusing it."""
-    return f"onceflow-{check_name('pipeline', pipeline)}-{check_name('sink', sink)}-s{slice_}"
+    """Fixed per (pipeline, sink, slice): the next coordinator fences a crashed one by reusing it.
+
+    The parts are joined with ':', which `check_name` keeps out of names, so that no two (pipeline,
+    sink) pairs share an id: joined with '-', which names may contain, pipeline ``a-b`` with sink ``c``
+    and pipeline ``a`` with sink ``b-c`` fenced each other's transactions. Ids of the older form
+    (``onceflow-<pipeline>-<sink>-s<slice>``) are never produced again (see README, Kafka sink ids)."""
+    return f"{transactional_id_prefix(pipeline)}{check_name('sink', sink)}:s{slice_}"
+
+
+def transactional_id_prefix(pipeline: str) -> str:
+    """What every transactional id of ``pipeline``'s Kafka sinks starts with, and no other pipeline's."""
+    return f"onceflow:{check_name('pipeline', pipeline)}:"
 
 
 def group_id(pipeline: str) -> str:
