@@ -31,6 +31,11 @@ class StagedOutputCorrupt(SinkError):
     """The staged output does not match the checksum recorded at pre-commit."""
 
 
+class UnsafePath(SinkError):
+    """A name read back from a committable or a commit log would lead outside its folder (``..``, an
+    absolute path, a separator where one name belongs): refused, never joined into a path."""
+
+
 class AlreadyCommitted(SinkError):
     """Abort was asked for output that is already committed (and therefore visible downstream)."""
 
