@@ -23,7 +23,7 @@ MASK = "***"
 # Names of settings whose value is a secret (matched anywhere in a key, case-insensitively).
 _SECRET_WORDS = (
     r"passw(?:or)?d|pwd|secret|token|credential|signature|private[-_.]?key|api[-_.]?key"
-    r"|access[-_.]?key|account[-_.]?key|session[-_.]?key|connection[-_.]?string|sas"
+    r"|access[-_.]?key|account[-_.]?key|session[-_.]?key|connection[-_.]?string"
 )
 _SECRET_KEY = re.compile(_SECRET_WORDS, re.IGNORECASE)
 # ``scheme://user:password@`` or, at the start of a word, ``user:password@``; the password runs to the
