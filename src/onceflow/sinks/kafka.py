@@ -231,9 +231,9 @@ def within(
     the broker was dead. So each call runs in a worker thread that is abandoned at the deadline; it holds
     the producer, whose open transaction the next ``init_transactions`` of the same id aborts.
 
-    ``done`` runs once ``call`` has ended, exactly once: here when it ended in time, else in the
-    abandoned worker when it finally returns, so that what the call uses (the producer) is released
-    then and not while the call still runs, nor never.
+    ``done`` runs exactly once, after ``call`` has ended: here when it ended in time, else in the
+    abandoned worker when it finally returns. What the call uses (the producer) is so released once
+    the call is over, never under a call still running, and not left behind either.
     """
     from confluent_kafka import KafkaError, KafkaException
 
