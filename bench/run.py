@@ -39,6 +39,7 @@ from bench.epochs import PipelineRun, run_to_end, runtime_pids
 from bench.ledgers import postgres_ledger, sqlite_ledger
 from bench.limit import read_all
 from bench.pipelines import bench_pipeline
+from onceflow import redact
 from onceflow.config import Settings
 from onceflow.engine.connect import spark_remote
 
@@ -67,7 +68,9 @@ class Bench:
         self.results: dict[str, Any] = {}
         self.merge_into: dict[str, Any] | None = None  # --merge: earlier results that new ones update
         self.remote = spark_remote()  # the warm runtime's Spark Connect server, or None: spark-submit
-        self.runtime = f"Spark Connect ({self.remote})" if self.remote else "spark-submit, one per slice"
+        self.runtime = (
+            f"Spark Connect ({redact.url(self.remote)})" if self.remote else "spark-submit, one per slice"
+        )
 
     def record(self, key: str, value: Any) -> None:
         """Store a step's results; with --merge, update the earlier ones size by size."""
@@ -110,7 +113,10 @@ class Bench:
             say("latency: no warm runtime (ONCEFLOW_SPARK_REMOTE is not set); skipped")
             return
         per_epoch = 1000
-        out: dict[str, Any] = {"records_per_epoch": per_epoch, "remote": self.remote}
+        out: dict[str, Any] = {
+            "records_per_epoch": per_epoch,
+            "remote": self.remote and redact.url(self.remote),
+        }
         for runtime, remote in (("connect", self.remote), ("submit", None)):
             data = produce(self.settings.kafka_bootstrap, per_epoch * epochs, f"bench-latency-{runtime}")
             try:

@@ -27,6 +27,7 @@ from typing import Any
 
 from local_stack.local_airflow import EXAMPLES_ENV, airflow_environment, migrate, run_airflow
 from local_stack.spark_runtime import SparkRuntime
+from onceflow import redact
 from onceflow.config import Settings
 from onceflow.engine.connect import spark_remote
 from onceflow.errors import OnceflowError
@@ -197,13 +198,15 @@ def main() -> int:
     began = time.monotonic()
     remote = spark_remote()
     runtime = (
-        f"the warm Spark runtime (Spark Connect on {remote})" if remote else "spark-submit, one per slice"
+        f"the warm Spark runtime (Spark Connect on {redact.url(remote)})"
+        if remote
+        else "spark-submit, one per slice"
     )
     _say(f"process tasks run on {runtime}")
     # 1.
     with Ledger.connect(settings.ledger_url, check=False) as ledger:
         ledger.upgrade()
-    _say(f"ledger: {settings.ledger_url}")
+    _say(f"ledger: {redact.url(settings.ledger_url)}")
     _create_topics(settings.kafka_bootstrap, {orders.INPUT_TOPIC: PARTITIONS, orders.ENRICHED_TOPIC: 1})
     (settings.home / EXAMPLES_ENV).write_text(f"ONCEFLOW_ORDERS_SUFFIX={suffix}\n")
     env = airflow_environment(settings, root, settings.home / "airflow")

@@ -35,6 +35,7 @@ from airflow.sdk.exceptions import (
     AirflowSkipException,
 )
 
+from onceflow import redact
 from onceflow.cli import EXIT_REFUSED
 from onceflow.coordinator import Coordinator, EpochOwned
 from onceflow.engine.connect import connect_sessions, pipeline_modules, spark_remote
@@ -336,7 +337,8 @@ class OnceflowProcessOperator(SparkSubmitOperator):
         if remote is None:
             return None
         sessions = connect_sessions(remote, pipeline_modules(spec, self.pipeline), attempt_token)
-        return f"on the Spark Connect server {remote}", functools.partial(run_slice, session=sessions)
+        where = f"on the Spark Connect server {redact.url(remote)}"
+        return where, functools.partial(run_slice, session=sessions)
 
     def spark_remote(self) -> str | None:
         """The Spark Connect server: the ``spark_connect`` connection if there is one, else

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from onceflow import dead_letters, topics
+from onceflow import dead_letters, redact, topics
 from onceflow.config import Settings
 from onceflow.console.actions import refusal_line
 from onceflow.console.read_model import backlog as _backlog
@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _fail(line: str, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exc()
-    print(f"onceflow: {line}", file=sys.stderr)
+    print(f"onceflow: {redact.text(line)}", file=sys.stderr)  # a library's message may quote a URL
     return code
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from onceflow import redact
 from onceflow.errors import ConfigError
 
 _DEFAULT_HOME = Path.cwd() / ".onceflow"
@@ -58,10 +59,10 @@ class Settings:
                     f"ONCEFLOW_KAFKA_BOOTSTRAP={self.kafka_bootstrap!r}: expected host:port[,host:port...]"
                 )
         if not self.pg_dsn.startswith(("postgresql://", "postgres://")):
-            raise ConfigError(f"ONCEFLOW_PG_DSN={self.pg_dsn!r}: expected a postgresql:// URL")
+            raise ConfigError(f"ONCEFLOW_PG_DSN={redact.url(self.pg_dsn)!r}: expected a postgresql:// URL")
         if "://" not in self.ledger_url:
             raise ConfigError(
-                f"ONCEFLOW_LEDGER_URL={self.ledger_url!r}: expected an SQLAlchemy URL such as "
+                f"ONCEFLOW_LEDGER_URL={redact.url(self.ledger_url)!r}: expected an SQLAlchemy URL such as "
                 "sqlite:///path/ledger.db or postgresql+psycopg://user:pw@host/db"
             )
 

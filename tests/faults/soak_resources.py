@@ -19,12 +19,13 @@ from typing import Any
 
 import psycopg
 
+from onceflow.sinks.kafka import transactional_id_prefix
 from onceflow.sinks.staging import STAGING
 
 LEDGER_TABLES = ("pipelines", "epochs", "epoch_offsets", "participants", "dead_letters")
 # Transaction states of Kafka's TransactionsCommand that hold a transaction open.
 OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort"})
-SINK_TRANSACTIONS = "onceflow-"  # the Kafka sink's transactional.id prefix (the workload's are "wl-")
+SINK_TRANSACTIONS = "onceflow:"  # the Kafka sink's transactional.id prefix (the workload's are "wl-")
 GROWTH = 1.25
 # Absolute margins over the first half's peak, per curve: descriptors come and go with connections.
 MARGINS = {"ledger_rows": 200, "fds": 64, "pg_connections": 5}
@@ -149,7 +150,7 @@ class Sampler:
         try:
             listed = [tid for tid, state in kafka_transactions(self.bootstrap) if state in OPEN_STATES]
             # Only the soak's own sinks: a test before it may leave another pipeline's transaction open.
-            own = tuple(f"{SINK_TRANSACTIONS}{name}-" for name in self.pipelines)
+            own = tuple(transactional_id_prefix(name) for name in self.pipelines)
             open_sink = sum(tid.startswith(own) for tid in listed)
             open_workload = sum(not tid.startswith(SINK_TRANSACTIONS) for tid in listed)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:

@@ -22,6 +22,8 @@ MINUTES = float(os.environ.get("ONCEFLOW_SOAK_MINUTES", "10"))
 SEED = int(os.environ.get("ONCEFLOW_SOAK_SEED", "20261205"))
 
 
+# The soak's own minutes, plus set-up and the catching up at the end (610 s in all for ten minutes).
+@pytest.mark.timeout(MINUTES * 60 + 900)
 def test_soak_keeps_exactly_once_and_bounded_resources(settings, reports, tmp_path) -> None:
     data, path = soak.run_soak(MINUTES, SEED, 10, reports, root=tmp_path)
     verdict, resources = data["verdict"], data["resources"]

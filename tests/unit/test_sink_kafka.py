@@ -20,6 +20,7 @@ from onceflow.sinks.kafka import (
     read_records,
     slice_until_offsets,
     transactional_id,
+    transactional_id_prefix,
 )
 
 records = st.lists(
@@ -94,4 +95,23 @@ def test_slice_offsets_are_the_max_until_per_partition() -> None:
 
 
 def test_transactional_id_is_fixed_per_pipeline_sink_and_slice() -> None:
-    assert transactional_id("orders", "out", 3) == "onceflow-orders-out-s3"
+    assert transactional_id("orders", "out", 3) == "onceflow:orders:out:s3"
+    assert transactional_id("orders", "out", 3).startswith(transactional_id_prefix("orders"))
+
+
+names = st.text(alphabet="ab-_.0", min_size=1, max_size=6).filter(lambda s: s not in {".", ".."})
+
+
+def test_names_with_dashes_never_share_a_transactional_id() -> None:
+    """Pipeline ``a-b`` with sink ``c`` and pipeline ``a`` with sink ``b-c`` must not fence each other."""
+    assert transactional_id("a-b", "c", 0) != transactional_id("a", "b-c", 0)
+    assert transactional_id("a", "b-s0", 1) != transactional_id("a-b", "s0", 1)
+    assert not transactional_id("a-b", "c", 0).startswith(transactional_id_prefix("a"))
+
+
+@given(names, names, st.integers(0, 99), names, names, st.integers(0, 99))
+def test_transactional_ids_differ_whenever_pipeline_sink_or_slice_differ(
+    p1: str, s1: str, n1: int, p2: str, s2: str, n2: int
+) -> None:
+    same = (p1, s1, n1) == (p2, s2, n2)
+    assert (transactional_id(p1, s1, n1) == transactional_id(p2, s2, n2)) == same

@@ -8,7 +8,14 @@ from hypothesis import strategies as st
 
 from onceflow.errors import ConfigError
 from onceflow.sinks.base import TaskContext
-from onceflow.sinks.postgres_2pc import GID_MAX_BYTES, GidParts, gid_of, make_gid, parse_gid
+from onceflow.sinks.postgres_2pc import (
+    GID_MAX_BYTES,
+    GidParts,
+    PostgresTwoPhaseWriter,
+    gid_of,
+    make_gid,
+    parse_gid,
+)
 
 names = st.text(alphabet="abcXYZ019_.-", min_size=1, max_size=20).filter(lambda s: s not in {".", ".."})
 
@@ -45,3 +52,29 @@ def test_too_long_or_unsafe_names_are_refused() -> None:
 @pytest.mark.parametrize("gid", ["other:p:1:0:s:t:a", "onceflow:p:x:0:s:t:a", "onceflow:p:1:0:s:t", "_tx_42"])
 def test_foreign_gids_are_not_parsed(gid: str) -> None:
     assert parse_gid(gid) is None
+
+
+class FailingConnection:
+    """A connection in a two-phase transaction whose rollback fails, as when the server went away."""
+
+    autocommit = False
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def tpc_rollback(self) -> None:
+        raise OSError("server closed the connection unexpectedly")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_abort_closes_the_connection_even_when_the_rollback_fails() -> None:
+    writer = PostgresTwoPhaseWriter(
+        {"dsn": "postgresql://u@127.0.0.1:1/x", "table": "t", "columns": {"id": "bigint"}}
+    )
+    conn = FailingConnection()
+    writer._conn, writer._task = conn, TaskContext("p", 3, 1, "s1-t0", "a1", "out")  # type: ignore[assignment]
+    with pytest.raises(OSError, match="server closed"):
+        writer.abort()
+    assert conn.closed

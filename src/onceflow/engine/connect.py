@@ -44,6 +44,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from onceflow import redact
 from onceflow.engine.failures import failure_line
 from onceflow.engine.slice_job import SLICE_SQL_CONF, SessionFor, log
 from onceflow.errors import ConfigError
@@ -76,7 +77,7 @@ def spark_remote(env: Mapping[str, str] | None = None) -> str | None:
         return None
     if not value.startswith("sc://"):
         raise ConfigError(
-            f"{REMOTE_ENV}={value!r} is not a Spark Connect URL: use sc://host:port "
+            f"{REMOTE_ENV}={redact.url(value)!r} is not a Spark Connect URL: use sc://host:port "
             "(infra/spark.sh start prints the local one)"
         )
     return value
@@ -226,7 +227,7 @@ def _open(url: str) -> Any:
 def _new_session(remote: str, key: str) -> _WarmSession:
     """A private session (``key`` empty), or the session of ``key`` joined at its first open generation."""
     if not key:
-        log(f"opening a Spark Connect session on {remote}")
+        log(f"opening a Spark Connect session on {redact.url(remote)}")
         warm = _WarmSession(_open(remote))
         atexit.register(_release, warm.session)
         _configure(warm)
@@ -241,11 +242,11 @@ def _new_session(remote: str, key: str) -> _WarmSession:
             if "SESSION_CLOSED" not in str(exc):
                 raise
             continue
-        log(f"joined the Spark Connect session {session_id} on {remote}")
+        log(f"joined the Spark Connect session {session_id} on {redact.url(remote)}")
         return warm
     raise ConfigError(
-        f"the Spark Connect server on {remote} has closed the first {_MAX_GENERATIONS} session ids of "
-        f"{key!r}; restart it (infra/spark.sh restart)"
+        f"the Spark Connect server on {redact.url(remote)} has closed the first {_MAX_GENERATIONS} "
+        f"session ids of {key!r}; restart it (infra/spark.sh restart)"
     )
 
 
@@ -278,7 +279,10 @@ def warm_session(remote: str, key: str = "") -> _WarmSession:
                 _configure(warm)  # one round trip, which also proves the session is still there
                 return warm
             except Exception as exc:
-                log(f"the Spark Connect session on {remote} is gone ({failure_line(exc)}); opening another")
+                log(
+                    f"the Spark Connect session on {redact.url(remote)} is gone ({failure_line(exc)}); "
+                    "opening another"
+                )
                 _close(warm.session, release=False)
                 del _sessions[(remote, key)]
         warm = _new_session(remote, key)
@@ -360,7 +364,7 @@ def connect_sessions(remote: str, modules: list[str], attempt_token: str) -> Ses
 def _interrupt(remote: str, spark: Any, tag: str, failure: BaseException) -> None:
     """Stop whatever the failed slice still runs; a session that cannot even do that is dropped."""
     if server_unreachable(failure):
-        log(f"the Spark Connect server on {remote} is unreachable; dropping the session")
+        log(f"the Spark Connect server on {redact.url(remote)} is unreachable; dropping the session")
         forget_session(remote, release=False)
         return
     try:

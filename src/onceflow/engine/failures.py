@@ -14,6 +14,8 @@ import re
 import traceback
 from pathlib import Path
 
+from onceflow import redact
+
 # A Python exception's last traceback line: "ValueError: boom", "pyspark.errors.PythonException: ...".
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Failed|Refused): .+")
 _FRAME_LINE = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
@@ -48,7 +50,7 @@ def failure_line(exc: BaseException) -> str:
     else:
         head = f"{type(exc).__name__}: " + ("; ".join(grpc) if grpc else lines[0] if lines else "")
         frames = [(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(exc.__traceback__)]
-    return (head + _pipeline_frame(frames))[:LIMIT]
+    return redact.text(head + _pipeline_frame(frames))[:LIMIT]
 
 
 def cause_in_output(output: str, limit: int = LIMIT) -> str:
@@ -60,8 +62,8 @@ def cause_in_output(output: str, limit: int = LIMIT) -> str:
     lines = [line.strip() for line in output.splitlines()]
     for line in lines:
         if line.startswith(DRIVER_FAILED):
-            return line.removeprefix(DRIVER_FAILED)[:limit]
+            return redact.text(line.removeprefix(DRIVER_FAILED))[:limit]
     for line in lines:
         if EXCEPTION_LINE.match(line) and not line.startswith(("py4j.", "org.apache")):
-            return line[:limit]
-    return output.strip()[-limit:]
+            return redact.text(line)[:limit]
+    return redact.text(output.strip())[-limit:]

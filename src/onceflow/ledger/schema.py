@@ -19,6 +19,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from onceflow import redact
 from onceflow.errors import ConfigError, one_line
 from onceflow.ledger.errors import LedgerUnavailable, SchemaMismatch
 
@@ -30,14 +31,16 @@ def normalize_url(url: str) -> URL:
     """Parse a ledger URL; plain ``postgresql://`` (or ``postgres://``) means the psycopg 3 driver."""
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ConfigError(f"ONCEFLOW_LEDGER_URL={url!r}: not an SQLAlchemy URL ({exc})") from exc
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise ConfigError(
+            f"ONCEFLOW_LEDGER_URL={redact.url(url)!r}: not an SQLAlchemy URL ({redact.text(exc)})"
+        ) from exc
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise ConfigError(
-            f"ONCEFLOW_LEDGER_URL={url!r}: the ledger runs on sqlite or postgresql, not {backend}"
+            f"ONCEFLOW_LEDGER_URL={redact.url(url)!r}: the ledger runs on sqlite or postgresql, not {backend}"
         )
     return parsed
 
@@ -83,9 +86,9 @@ def probe(engine: Engine) -> None:
     except DBAPIError as exc:
         where = engine.url.render_as_string(hide_password=True)
         raise LedgerUnavailable(
-            f"cannot open the ledger at {where} ({one_line(exc.orig)}): check ONCEFLOW_LEDGER_URL (or "
-            "--ledger-url, or the onceflow_ledger connection) and that its database server is running and "
-            "the database exists"
+            f"cannot open the ledger at {where} ({redact.text(one_line(exc.orig))}): check "
+            "ONCEFLOW_LEDGER_URL (or --ledger-url, or the onceflow_ledger connection) and that its "
+            "database server is running and the database exists"
         ) from exc
 
 
@@ -136,6 +139,6 @@ def upgrade(engine: Engine) -> None:
             command.upgrade(_alembic_config(conn), "head")
         except CommandError as exc:
             raise SchemaMismatch(
-                f"cannot upgrade the ledger at {engine.url.render_as_string(hide_password=True)}: {exc} "
-                "(was it made by a newer onceflow?)"
+                f"cannot upgrade the ledger at {engine.url.render_as_string(hide_password=True)}: "
+                f"{redact.text(exc)} (was it made by a newer onceflow?)"
             ) from exc

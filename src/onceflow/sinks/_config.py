@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from onceflow import redact
 from onceflow.errors import ConfigError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -38,7 +39,8 @@ class ConfigReader:
         return self._config.get(key)
 
     def _fail(self, key: str, expected: str, value: Any) -> ConfigError:
-        return ConfigError(f"{self.kind} sink config {key}={value!r}: expected {expected}")
+        shown = redact.MASK if redact.secret_key(key) else redact.shown(value)
+        return ConfigError(f"{self.kind} sink config {key}={shown!r}: expected {expected}")
 
     def string(self, key: str, default: str | None = None) -> str:
         value = self._get(key)

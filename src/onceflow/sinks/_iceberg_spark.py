@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit
 
+from onceflow import redact
 from onceflow.errors import ConfigError
 
 
@@ -20,7 +21,9 @@ def jdbc_settings(sql_uri: str) -> dict[str, str]:
         return {"uri": "jdbc:sqlite:/" + sql_uri.removeprefix("sqlite:///").lstrip("/")}
     parts = urlsplit(sql_uri)
     if not parts.scheme.startswith("postgresql"):
-        raise ConfigError(f"catalog uri {sql_uri!r}: Spark reads SQL catalogs in SQLite or PostgreSQL only")
+        raise ConfigError(
+            f"catalog uri {redact.url(sql_uri)!r}: Spark reads SQL catalogs in SQLite or PostgreSQL only"
+        )
     settings = {"uri": f"jdbc:postgresql://{parts.hostname}:{parts.port or 5432}{parts.path}"}
     if parts.username:
         settings["jdbc.user"] = unquote(parts.username)

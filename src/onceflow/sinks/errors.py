@@ -43,6 +43,11 @@ class StagedOutputCorrupt(KnownFailure):
     """The staged output does not match the checksum recorded at pre-commit."""
 
 
+class UnsafePath(KnownFailure):
+    """A name read back from a committable or a commit log would lead outside its folder (``..``, an
+    absolute path, a separator where one name belongs): refused, never joined into a path."""
+
+
 class AlreadyCommitted(KnownFailure):
     """Abort was asked for output that is already committed (and therefore visible downstream)."""
 

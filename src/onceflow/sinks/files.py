@@ -44,6 +44,8 @@ from onceflow.sinks.staging import (
     fsync_dir,
     fsync_file,
     make_dirs_durable,
+    safe_name,
+    safe_relative,
     sha256_file,
     write_durably,
 )
@@ -111,7 +113,7 @@ def _as_config(config: FilesConfig | Mapping[str, Any]) -> FilesConfig:
 
 
 def committed_path(table_dir: Path, epoch: int, task: str) -> Path:
-    return table_dir / f"epoch={epoch}" / f"{task}.parquet"
+    return table_dir / f"epoch={int(epoch)}" / f"{safe_name(f'{KIND}: epoch {epoch} task', task)}.parquet"
 
 
 def log_entry_path(table_dir: Path, epoch: int) -> Path:
@@ -145,13 +147,17 @@ class CommitLogEntry:
 
     @classmethod
     def from_json(cls, text: str) -> CommitLogEntry:
+        """An entry as written by `to_json`; a file name that would lead outside the table (``..``, an
+        absolute path) is refused, since readers open and compaction deletes the files named."""
         data = json.loads(text)
+        epoch = int(data["epoch"])
+        where = f"{KIND}: commit log entry of epoch {epoch}"
         return cls(
-            epoch=int(data["epoch"]),
+            epoch=epoch,
             pipeline=data["pipeline"],
             sink=data["sink"],
-            adds=tuple(data["adds"]),
-            removes=tuple(data.get("removes", ())),
+            adds=tuple(safe_relative(f"{where} adds", name) for name in data["adds"]),
+            removes=tuple(safe_relative(f"{where} removes", name) for name in data.get("removes", ())),
             record_count=int(data.get("record_count", 0)),
         )
 
@@ -386,7 +392,9 @@ class FilesCommitter:
         staged_dir = self._area.for_committable(c)
         moved = []
         for spec in c.handle.get("files", []):
-            source = staged_dir / spec["name"]
+            source = staged_dir / safe_name(
+                f"{KIND}: {c.sink} epoch {c.epoch} {c.task} staged file", spec["name"]
+            )
             target = committed_path(table_dir, c.epoch, c.task)
             if source.exists():
                 if sha256_file(source) != spec["sha256"]:

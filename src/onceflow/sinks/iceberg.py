@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from onceflow import redact
 from onceflow.errors import ConfigError
 from onceflow.sinks import _iceberg_files as files
 from onceflow.sinks import _iceberg_table as tables
@@ -121,7 +122,7 @@ class IcebergConfig:
         except Exception as exc:
             raise ConfigError(
                 f"{self.where}: cannot open the Iceberg catalog {self.catalog!r} "
-                f"({type(exc).__name__}: {exc}); check catalog_properties"
+                f"({type(exc).__name__}: {redact.text(exc)}); check catalog_properties"
             ) from exc
 
 

@@ -119,8 +119,18 @@ def _as_config(config: KafkaSinkConfig | Mapping[str, Any]) -> KafkaSinkConfig:
 
 
 def transactional_id(pipeline: str, sink: str, slice_: int) -> str:
-    """Fixed per (pipeline, sink, slice): the next coordinator fences a crashed one by reusing it."""
-    return f"onceflow-{check_name('pipeline', pipeline)}-{check_name('sink', sink)}-s{slice_}"
+    """Fixed per (pipeline, sink, slice): the next coordinator fences a crashed one by reusing it.
+
+    The parts are joined with ':', which `check_name` keeps out of names, so that no two (pipeline,
+    sink) pairs share an id: joined with '-', which names may contain, pipeline ``a-b`` with sink ``c``
+    and pipeline ``a`` with sink ``b-c`` fenced each other's transactions. Ids of the older form
+    (``onceflow-<pipeline>-<sink>-s<slice>``) are never produced again (see README, Kafka sink ids)."""
+    return f"{transactional_id_prefix(pipeline)}{check_name('sink', sink)}:s{slice_}"
+
+
+def transactional_id_prefix(pipeline: str) -> str:
+    """What every transactional id of ``pipeline``'s Kafka sinks starts with, and no other pipeline's."""
+    return f"onceflow:{check_name('pipeline', pipeline)}:"
 
 
 def group_id(pipeline: str) -> str:
@@ -210,7 +220,9 @@ class KafkaUnreachable(SinkError):
     """A broker call of the commit got no answer within ``timeout_s``: the commit fails, to be retried."""
 
 
-def within(what: str, bootstrap: str, timeout_s: float, call: Callable[[], T]) -> T:
+def within(
+    what: str, bootstrap: str, timeout_s: float, call: Callable[[], T], done: Callable[[], None] | None = None
+) -> T:
     """``call()``, or `KafkaUnreachable` once ``timeout_s`` (plus a margin) has passed.
 
     librdkafka honours its own timeouts except where a request waits for a coordinator that is down:
@@ -218,21 +230,38 @@ def within(what: str, bootstrap: str, timeout_s: float, call: Callable[[], T]) -
     (librdkafka issue 5456), which held a decided epoch, and its prepared transactions, for as long as
     the broker was dead. So each call runs in a worker thread that is abandoned at the deadline; it holds
     the producer, whose open transaction the next ``init_transactions`` of the same id aborts.
+
+    ``done`` runs exactly once, after ``call`` has ended: here when it ended in time, else in the
+    abandoned worker when it finally returns. What the call uses (the producer) is so released once
+    the call is over, never under a call still running, and not left behind either.
     """
     from confluent_kafka import KafkaError, KafkaException
 
     outcome: list[Any] = []
+    lock = threading.Lock()
+    abandoned: list[bool] = []
 
     def run() -> None:
+        result: tuple[bool, Any]
         try:
-            outcome.append((True, call()))
+            result = (True, call())
         except BaseException as exc:  # handed to the caller's thread
-            outcome.append((False, exc))
+            result = (False, exc)
+        with lock:
+            outcome.append(result)
+            late = bool(abandoned)
+        if late and done is not None:
+            done()
 
     worker = threading.Thread(target=run, name=f"kafka-sink-{what}", daemon=True)
     worker.start()
     worker.join(timeout_s + TIMEOUT_MARGIN_S)
-    timed_out = not outcome
+    with lock:
+        timed_out = not outcome
+        if timed_out:
+            abandoned.append(True)
+    if not timed_out and done is not None:
+        done()
     if outcome and not outcome[0][0]:
         exc = outcome[0][1]
         error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
@@ -246,6 +275,34 @@ def within(what: str, bootstrap: str, timeout_s: float, call: Callable[[], T]) -
             "Kafka answers"
         )
     return outcome[0][1]  # type: ignore[no-any-return]
+
+
+class _ProducerOwner:
+    """Closes a commit's producer once, when nothing uses it any more: when the commit is over, or, if
+    a broker call outlived its deadline (see `within`), when the last such call returns. Closing sooner
+    would pull the producer from under a call still running; not closing leaked its threads, sockets
+    and buffers for every slice committed."""
+
+    def __init__(self, producer: Producer, bootstrap: str, timeout_s: float) -> None:
+        self._producer = producer
+        self._bootstrap = bootstrap
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._users = 1  # the commit itself, released when it is over
+
+    def hold(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            # close() aborts a transaction still open and flushes: bounded too, and a failure to close
+            # a producer whose work is over is no failure of the commit.
+            with contextlib.suppress(Exception):
+                within("close", self._bootstrap, self._timeout_s, self._producer.close)
 
 
 class KafkaWriter(StagedFileWriter):
@@ -315,7 +372,7 @@ class KafkaCommitter:
                 self._area.remove(self._area.for_committable(c))
 
     def _commit_slice(self, group: list[Committable]) -> None:
-        from confluent_kafka import Producer, TopicPartition
+        from confluent_kafka import Producer
 
         first = group[0]
         until = slice_until_offsets(group)
@@ -333,10 +390,28 @@ class KafkaCommitter:
             )
         )
         timeout = float(self.config.timeout_s)
+        owner = _ProducerOwner(producer, self.config.bootstrap, timeout)
 
         def bounded(what: str, call: Callable[[], T]) -> T:
-            return within(what, self.config.bootstrap, timeout, call)
+            owner.hold()
+            return within(what, self.config.bootstrap, timeout, call, done=owner.release)
 
+        try:
+            self._publish_slice(producer, group, until, bounded)
+        finally:
+            owner.release()
+
+    def _publish_slice(
+        self,
+        producer: Producer,
+        group: list[Committable],
+        until: Mapping[tuple[str, int], int],
+        bounded: Callable[[str, Callable[[], Any]], Any],
+    ) -> None:
+        from confluent_kafka import TopicPartition
+
+        first = group[0]
+        timeout = float(self.config.timeout_s)
         bounded("init_transactions", lambda: producer.init_transactions(timeout))
         if self._published(first.pipeline, until):
             return

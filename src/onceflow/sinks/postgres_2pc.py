@@ -262,15 +262,15 @@ class PostgresTwoPhaseWriter:
         """Roll back this attempt's transaction, prepared or not; safe to call more than once."""
         if self._task is None:
             return
-        if self._prepared:
-            PostgresTwoPhaseCommitter(self.config).abort([Committable.for_task(self._task)])
-        elif self._conn is not None and not self._conn.closed:
-            if self._conn.autocommit:
-                self._conn.close()
-            else:
-                self._conn.tpc_rollback()
-        if self._conn is not None and not self._conn.closed:
-            self._conn.close()
+        conn = self._conn
+        try:
+            if self._prepared:
+                PostgresTwoPhaseCommitter(self.config).abort([Committable.for_task(self._task)])
+            elif conn is not None and not conn.closed and not conn.autocommit:
+                conn.tpc_rollback()
+        finally:  # a rollback that fails (the server gone) must not leak the connection as well
+            if conn is not None and not conn.closed:
+                conn.close()
 
 
 class PostgresTwoPhaseCommitter:

@@ -18,10 +18,31 @@ from typing import IO
 
 from onceflow.sinks._config import check_name
 from onceflow.sinks.base import Committable, TaskContext
-from onceflow.sinks.errors import WriterStateError
+from onceflow.sinks.errors import UnsafePath, WriterStateError
 
 MANIFEST = "manifest.json"
 STAGING = "_staging"
+
+
+def safe_name(what: str, name: object) -> str:
+    """``name`` when it is one file or folder name: not empty, no separator, not ``.`` or ``..``."""
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise UnsafePath(f"{what} {name!r}: expected a single file or folder name (no '/', not '..')")
+    return name
+
+
+def safe_relative(what: str, name: object) -> str:
+    """``name`` when it is a relative path that stays inside its folder: ``/``-separated names, none of
+    them empty, ``.`` or ``..``."""
+    if (
+        not isinstance(name, str)
+        or any(c in name for c in "\\\0")
+        or any(part in ("", ".", "..") for part in name.split("/"))
+    ):
+        raise UnsafePath(
+            f"{what} {name!r}: expected a relative path inside its folder (no '..', not absolute)"
+        )
+    return name
 
 
 def fsync_dir(path: Path) -> None:

@@ -10,7 +10,7 @@ None); PostgreSQL casts them to the column types on insert.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,20 @@ class WalWriter(StagedFileWriter):
         )
 
 
+def _batches(path: Path, size: int) -> Iterator[list[tuple[Any, ...]]]:
+    """A task log's rows, ``size`` at a time: the log is read as it is pushed, never held whole (a
+    task's log is as large as its output, which the coordinator's memory need not be)."""
+    with open(path, "rb") as log:
+        rows: list[tuple[Any, ...]] = []
+        for line in log:
+            rows.append(tuple(json.loads(line)))
+            if len(rows) == size:
+                yield rows
+                rows = []
+        if rows:
+            yield rows
+
+
 class WalCommitter:
     """Pushes each log into the table, then deletes it. ``crash_hook("wal.pushed")`` runs in between
     (by default `onceflow.faults.crash_point`, inert unless a fault test arms it)."""
@@ -123,9 +137,8 @@ class WalCommitter:
                     continue
                 if sha256_file(path) != c.handle.get("sha256"):
                     raise StagedOutputCorrupt(f"{KIND}: {path} does not match its pre-commit checksum")
-                rows = [tuple(json.loads(line)) for line in path.read_bytes().splitlines()]
-                for start in range(0, len(rows), table.batch_size):
-                    insert_rows(conn, statement, rows[start : start + table.batch_size])
+                for rows in _batches(path, table.batch_size):
+                    insert_rows(conn, statement, rows)
                 self._hook("wal.pushed")
                 self._area.remove(folder)
 

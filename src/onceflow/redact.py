@@ -1,0 +1,83 @@
+"""Secrets hidden from every message: URLs, DSNs and settings rendered without passwords or tokens.
+
+Errors and log lines reach task logs, the ledger (as abort reasons) and the console, so anything that
+prints a connection string or a settings mapping goes through here first. What is hidden:
+
+* a URL's userinfo password (``postgresql://user:***@host/db``, also without a scheme: ``user:***@host``);
+* the value of any ``key=value`` or ``key: value`` whose key looks secret: URL query parameters
+  (``?password=``), libpq key/value DSNs (``password='…'``), Spark Connect parameters (``;token=…``) and
+  the items of a printed mapping (``'s3.secret-access-key': '…'``);
+* in `mapping`, the values of secret-looking keys, and any URL password inside the other values.
+
+Over-hiding is the safe side: a value that only looks secret is shown as ``***`` too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+MASK = "***"
+
+# Names of settings whose value is a secret (matched anywhere in a key, case-insensitively).
+_SECRET_WORDS = (
+    r"passw(?:or)?d|pwd|secret|token|credential|signature|private[-_.]?key|api[-_.]?key"
+    r"|access[-_.]?key|account[-_.]?key|session[-_.]?key|connection[-_.]?string"
+)
+_SECRET_KEY = re.compile(_SECRET_WORDS, re.IGNORECASE)
+# ``scheme://user:password@`` or, at the start of a word, ``user:password@``; the password runs to the
+# last ``@`` of the word, as a password with a literal ``@`` in it would.
+_USERINFO = re.compile(
+    r"(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*://|(?<![^\s'\"(=,\[{]))[^\s:/@'\"]*:(?!//))(?P<password>[^\s'\"]*)@"
+)
+# ``key=value`` / ``key: value`` with a secret-looking key, the key optionally quoted, the value quoted
+# or running to the next separator.
+_PAIR = re.compile(
+    r"(?P<head>(?<![\w.-])['\"]?[\w.-]*(?:" + _SECRET_WORDS + r")[\w.-]*['\"]?\s*[:=]\s*)"
+    r"(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s&;,'\")}\]]*)",
+    re.IGNORECASE,
+)
+
+
+def secret_key(name: object) -> bool:
+    """Whether a setting called ``name`` holds a secret (password, token, secret key, credential…)."""
+    return isinstance(name, str) and _SECRET_KEY.search(name) is not None
+
+
+def _mask_value(match: re.Match[str]) -> str:
+    value = match["value"]
+    if not value:
+        return match[0]
+    quote = value[0] if value[0] in "'\"" else ""
+    return f"{match['head']}{quote}{MASK}{quote}"
+
+
+def text(value: object) -> str:
+    """``str(value)`` with every URL password and secret-looking ``key=value`` hidden: for any message
+    that may quote a URL, a DSN or a library's error about one."""
+    rendered = _USERINFO.sub(lambda m: f"{m['head']}{MASK}@", str(value))
+    return _PAIR.sub(_mask_value, rendered)
+
+
+def url(value: str) -> str:
+    """A URL or DSN (SQLAlchemy, libpq key/value, ``sc://``) as it may be shown."""
+    return text(value)
+
+
+def mapping(values: Mapping[Any, Any]) -> dict[Any, Any]:
+    """A copy of ``values`` to show: secret-looking keys' values masked, nested mappings likewise, URL
+    passwords inside the other string values hidden."""
+    return {key: MASK if secret_key(key) else shown(value) for key, value in values.items()}
+
+
+def shown(value: Any) -> Any:
+    """Any config value as it may be shown: mappings through `mapping`, strings through `text`,
+    sequences item by item; other values unchanged."""
+    if isinstance(value, Mapping):
+        return mapping(value)
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, list | tuple):
+        return type(value)(shown(item) for item in value)
+    return value

@@ -1,0 +1,154 @@
+"""A password or token given to onceflow never comes back in a message.
+
+Each bad input carries one known secret: a PostgreSQL DSN in the ledger's form where a sink's is
+expected, ledger URLs that are malformed, of another database or unreachable, Iceberg catalog
+properties of a wrong type or an unreachable catalog, a Spark Connect URL with a token. The refusal must
+still name what is wrong, and the secret must appear in no exception message, printed output or log
+record; the Spark Connect case runs `onceflow run` to the end, where the slice's failure becomes the
+epoch's abort reason in the ledger, which must not hold the token either.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onceflow.config import Settings
+from onceflow.engine.connect import spark_remote
+from onceflow.errors import OnceflowError
+from onceflow.ledger import Ledger
+from onceflow.sinks._iceberg_spark import spark_conf
+from onceflow.sinks.iceberg import IcebergConfig
+from onceflow.topics import wait_for_leaders
+from tests.integration.engine.data import orders, produce
+from tests.ports import free_port
+
+pytestmark = pytest.mark.integration
+
+SECRET = "s3cr3t-PW-1234"
+ONCEFLOW = str(Path(sys.executable).with_name("onceflow"))
+
+PIPELINE = """
+import os
+from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+
+PIPELINE = Pipeline(
+    name=os.environ["SECRET_PIPELINE"],
+    source=KafkaSource(topics=(os.environ["SECRET_TOPIC"],)),
+    format=JsonFormat(schema={"id": "int", "amount": "float", "customer": "string"}),
+    sinks=(SinkSpec("out", "files", {"root": os.environ["SECRET_ROOT"], "table": "orders"}),),
+)
+"""
+
+
+def _catalog(**properties: Any) -> IcebergConfig:
+    return IcebergConfig.from_mapping({"table": "secrets.orders", "catalog_properties": properties})
+
+
+def _cases(dead_port: int) -> dict[str, tuple[Callable[[], object], str]]:
+    """Each case: the call that must refuse, and what its message must still say."""
+    pg = f"onceflow:{SECRET}@127.0.0.1"
+    return {
+        "sink DSN in the ledger's form": (
+            lambda: Settings.from_env({"ONCEFLOW_PG_DSN": f"postgresql+psycopg://{pg}:15432/onceflow"}),
+            "ONCEFLOW_PG_DSN='postgresql+psycopg://onceflow:***@127.0.0.1:15432/onceflow': expected",
+        ),
+        "ledger URL without a scheme": (
+            lambda: Settings.from_env({"ONCEFLOW_LEDGER_URL": f"{pg}/ledger"}),
+            "ONCEFLOW_LEDGER_URL=",
+        ),
+        "ledger URL of another database": (
+            lambda: Ledger.connect(f"mysql://{pg}/ledger"),
+            "the ledger runs on sqlite or postgresql, not mysql",
+        ),
+        "ledger URL that does not parse": (
+            lambda: Ledger.connect(f"postgresql://{pg}:port/ledger"),
+            "not an SQLAlchemy URL",
+        ),
+        "unreachable ledger": (
+            lambda: Ledger.connect(f"postgresql+psycopg://{pg}:{dead_port}/ledger"),
+            "cannot open the ledger at",
+        ),
+        "catalog property of a wrong type": (
+            lambda: _catalog(type="sql", uri=f"postgresql+psycopg://{pg}/c", password=SECRET, pool=5),
+            "catalog_properties=",
+        ),
+        "unreachable catalog": (
+            lambda: _catalog(
+                type="sql", uri=f"postgresql+psycopg://{pg}:{dead_port}/c", warehouse="file:///tmp/w"
+            ).open_catalog(),
+            "cannot open the Iceberg catalog",
+        ),
+        "catalog Spark cannot read": (
+            lambda: spark_conf("c", {"type": "sql", "uri": f"mysql://{pg}/c"}, ""),
+            "Spark reads SQL catalogs in SQLite or PostgreSQL only",
+        ),
+        "Spark Connect URL with a token": (
+            lambda: spark_remote({"ONCEFLOW_SPARK_REMOTE": f"sc:/127.0.0.1:15002/;token={SECRET}"}),
+            "is not a Spark Connect URL",
+        ),
+    }
+
+
+def test_each_refusal_says_what_is_wrong_without_the_secret(
+    capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    leaks = []
+    for name, (call, says) in _cases(free_port()).items():
+        with pytest.raises(Exception) as refused:
+            call()
+        message = f"{type(refused.value).__name__}: {refused.value}"
+        if not isinstance(refused.value, OnceflowError) or says not in message or SECRET in message:
+            leaks.append(f"{name}: {message}")
+    out, err = capfd.readouterr()
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert not leaks, "\n".join(leaks)
+    assert SECRET not in out + err + logged
+
+
+@pytest.fixture
+def world(tmp_path: Path, kafka_admin, settings: Settings) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    from confluent_kafka.admin import NewTopic
+
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"secrets-{suffix}"
+    kafka_admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
+    wait_for_leaders(kafka_admin, topic, 1, timeout_s=30)
+    produce(settings.kafka_bootstrap, topic, orders(0, 3))
+    (tmp_path / "secret_pipeline.py").write_text(PIPELINE)
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with Ledger.connect(ledger_url, check=False) as ledger:
+        ledger.upgrade()
+    return {
+        **{k: v for k, v in os.environ.items() if k != "ONCEFLOW_DEBUG"},
+        "ONCEFLOW_LEDGER_URL": ledger_url,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "ONCEFLOW_PIPELINES": "secret_pipeline:PIPELINE",
+        "SECRET_PIPELINE": f"secrets-{suffix}",
+        "SECRET_TOPIC": topic,
+        "SECRET_ROOT": str(tmp_path / "out"),
+    }
+
+
+def test_a_spark_connect_token_reaches_neither_the_output_nor_the_abort_reason(world: dict[str, str]) -> None:
+    # A token ending in '=' (base64 padding) is a parameter pyspark refuses, quoting it whole.
+    env = {**world, "ONCEFLOW_SPARK_REMOTE": f"sc://127.0.0.1:15002/;token={SECRET}=="}
+    done = subprocess.run(
+        [ONCEFLOW, "run", world["SECRET_PIPELINE"]], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0, done.stderr
+    assert "token=***" in done.stderr, done.stderr
+    assert SECRET not in done.stdout + done.stderr
+    with Ledger.connect(world["ONCEFLOW_LEDGER_URL"]) as ledger:
+        (epoch,) = ledger.epochs(world["SECRET_PIPELINE"])
+    assert str(epoch.status) == "ABORTED" and epoch.abort_reason, epoch
+    assert SECRET not in epoch.abort_reason
