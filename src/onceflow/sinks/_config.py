@@ -7,21 +7,11 @@ checked here once instead of failing later with a confusing error deep inside a 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from onceflow import redact
 from onceflow.errors import ConfigError
-
-_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-
-
-def check_name(what: str, value: str) -> str:
-    """Accept names that are safe in paths, SQL gids and Kafka transactional ids (no ':' or '/')."""
-    if not isinstance(value, str) or not _NAME.match(value) or value in {".", ".."}:
-        raise ConfigError(f"{what}={value!r}: expected letters, digits, '_', '.' or '-'")
-    return value
 
 
 class ConfigReader:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.committables import Committable, TaskContext
-from onceflow.sinks._config import check_name
+from onceflow.names import check_name
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile

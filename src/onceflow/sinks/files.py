@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
+from onceflow.names import check_name
 from onceflow.sinks._arrow import as_declared, as_inferred, exact_columns, unique_names
-from onceflow.sinks._config import ConfigReader, check_name
+from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import row_values
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import (

@@ -28,7 +28,8 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 from onceflow.errors import ConfigError
 from onceflow.faults import crash_point
 from onceflow.kafka_clients import kafka_config
-from onceflow.sinks._config import ConfigReader, check_name
+from onceflow.names import check_name
+from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._kafka_batches import json_records, raw_records
 from onceflow.sinks.base import Committable, Row
 from onceflow.sinks.errors import (

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
+from onceflow.names import check_name
 from onceflow.sinks._arrow import exact_columns
-from onceflow.sinks._config import ConfigReader, check_name
+from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import (
     PG_TABLE_SETTINGS,
     PgTableConfig,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from onceflow.sinks._config import check_name
+from onceflow.names import check_name
 from onceflow.sinks.base import Committable, TaskContext
 from onceflow.sinks.errors import UnsafePath, WriterStateError
 

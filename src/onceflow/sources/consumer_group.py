@@ -18,7 +18,7 @@ from typing import Any
 
 from onceflow.errors import ServiceUnavailable
 from onceflow.kafka_clients import kafka_config, kafka_error_text
-from onceflow.sinks._config import check_name
+from onceflow.names import check_name
 
 TopicPartitionKey = tuple[str, int]
 
