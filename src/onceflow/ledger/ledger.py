@@ -55,6 +55,7 @@ from onceflow.ledger.models import (
     utcnow,
 )
 from onceflow.ledger.records import Epoch, Participant, StateSnapshot, StoredDeadLetter
+from onceflow.ledger.records import where as _where
 from onceflow.ledger.retention import RetentionPolicy, RetentionResult
 from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
@@ -71,10 +72,6 @@ def staged_location(committable: Committable) -> str | None:
         if value is not None:
             return str(value)
     return None
-
-
-def _where(pipeline: str, number: int) -> str:
-    return f"epoch {number} of pipeline {pipeline!r}"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,11 @@ from onceflow.offsets import OffsetRange
 from onceflow.records import DeadLetter
 
 
+def where(pipeline: str, number: int) -> str:
+    """How every message names an epoch, so the ledger's refusals and the coordinator's read alike."""
+    return f"epoch {number} of pipeline {pipeline!r}"
+
+
 @dataclass(frozen=True)
 class Epoch:
     pipeline: str
@@ -37,8 +42,13 @@ class Epoch:
     def sinks(self) -> tuple[str, ...]:
         return tuple(sorted({sink for sink, _ in self.expected}))
 
+    @property
+    def where(self) -> str:
+        """The epoch's name in messages (`where`), without its status."""
+        return where(self.pipeline, self.number)
+
     def __str__(self) -> str:
-        return f"epoch {self.number} of pipeline {self.pipeline!r} ({self.status})"
+        return f"{self.where} ({self.status})"
 
 
 @dataclass(frozen=True)
