@@ -226,7 +226,7 @@ def retention_interval(retain_epochs: int) -> int:
     return max(1, retain_epochs // 10)
 
 
-def committers_for(spec: Pipeline, settings: Settings | None = None) -> dict[str, SinkCommitter]:
+def committers_for(spec: Pipeline, settings: Settings) -> dict[str, SinkCommitter]:
     """A committer per participant sink of the pipeline (its sinks, plus its keyed state's)."""
     committers = {}
     for sink in participant_sinks(spec, settings):
@@ -279,7 +279,7 @@ class Coordinator:
         if self._committers is None:
             if self.spec is None:
                 raise MissingCommitter(f"pipeline {self.pipeline!r}: no committers and no spec to build them")
-            self._committers = committers_for(self.spec, self.settings)
+            self._committers = committers_for(*self._need_spec("commit or abort"))
         return self._committers
 
     def _need_spec(self, step: str) -> tuple[Pipeline, Settings]:
@@ -655,7 +655,7 @@ class Coordinator:
         unless one of the pipeline's sinks commits that group inside its own transaction."""
         from onceflow.sources.consumer_group import position_group
 
-        if self.spec is None:
+        if self.spec is None or self.settings is None:
             return None
         group = position_group(self.pipeline)
         for sink in self.spec.sinks:

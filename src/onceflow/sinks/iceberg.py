@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.errors import ConfigError
 from onceflow.sinks import _iceberg_files as files
 from onceflow.sinks import _iceberg_table as tables
-from onceflow.sinks._config import ConfigReader
+from onceflow.sinks._config import ConfigReader, deployment_default
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import AlreadyCommitted, RowError, StagedOutputLost, WriterStateError
 from onceflow.sinks.registry import SinkKind, SinkSetting
@@ -112,10 +112,8 @@ class IcebergConfig:
 
     def open_catalog(self) -> Catalog:
         properties = dict(self.catalog_properties)
-        if not properties:
-            from onceflow.config import Settings
-
-            properties = default_catalog_properties(Settings.from_env().home)
+        if not properties:  # the kind's defaults fill them with the catalog under the deployment's home
+            raise deployment_default(KIND, "catalog_properties", "Settings.home (ONCEFLOW_HOME)")
         try:
             return tables.catalog(self.catalog, properties)
         except Exception as exc:
