@@ -28,7 +28,6 @@ from typing import Any
 from local_stack.local_airflow import EXAMPLES_ENV, airflow_environment, migrate, run_airflow
 from local_stack.spark_runtime import SparkRuntime
 from onceflow.config import Settings
-from onceflow.engine.connect import spark_remote
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Ledger
 
@@ -195,7 +194,7 @@ def main() -> int:
     from examples.orders.data import make_orders, produce
 
     began = time.monotonic()
-    remote = spark_remote()
+    remote = settings.spark_remote
     runtime = (
         f"the warm Spark runtime (Spark Connect on {remote})" if remote else "spark-submit, one per slice"
     )

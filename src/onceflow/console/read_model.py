@@ -215,19 +215,19 @@ def lag_view(
     return {"partitions": partitions, "total": sum(known) if known else None, "kafka": kafka}
 
 
-def pipeline_names(ledger: Ledger) -> list[str]:
-    """Every pipeline the ledger has epochs of or ONCEFLOW_PIPELINES lists, sorted."""
+def pipeline_names(ledger: Ledger, pipelines: Sequence[str]) -> list[str]:
+    """Every pipeline the ledger has epochs of or ``pipelines`` (ONCEFLOW_PIPELINES) lists, sorted."""
     from onceflow.catalog import listed_pipelines
 
-    return sorted({*ledger.pipelines(), *listed_pipelines()})
+    return sorted({*ledger.pipelines(), *listed_pipelines(pipelines)})
 
 
-def spec_of(name: str) -> Pipeline | None:
-    """The spec ONCEFLOW_PIPELINES lists for ``name``, or None (the console can show a pipeline only
-    the ledger knows; acting on it needs the spec)."""
+def spec_of(name: str, pipelines: Sequence[str]) -> Pipeline | None:
+    """The spec ``pipelines`` (ONCEFLOW_PIPELINES) lists for ``name``, or None (the console can show a
+    pipeline only the ledger knows; acting on it needs the spec)."""
     from onceflow.catalog import listed_pipelines
 
-    listed = listed_pipelines()
+    listed = listed_pipelines(pipelines)
     return listed[name][1] if name in listed else None
 
 
@@ -237,13 +237,14 @@ def pipeline_view(
     now: datetime,
     *,
     bootstrap: str,
+    pipelines: Sequence[str],
     last: int | None = 20,
     kafka_timeout: float = 3.0,
 ) -> dict[str, Any]:
-    """Everything the console page shows of one pipeline."""
+    """Everything the console page shows of one pipeline (``pipelines``: ONCEFLOW_PIPELINES' specs)."""
     from onceflow.catalog import known_pipeline
 
-    spec = known_pipeline(ledger, pipeline)  # an unknown name is an error listing the known ones
+    spec = known_pipeline(ledger, pipeline, pipelines)  # an unknown name is an error listing the known ones
     return {
         "pipeline": pipeline,
         "spec_known": spec is not None,
