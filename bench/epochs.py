@@ -137,7 +137,7 @@ def run_to_end(spec: Pipeline, settings: Settings, records: int, remote: str | N
     """Run epochs until the ledger's committed positions cover ``records`` offsets of the source:
     through spark-submit, or on the Spark Connect server ``remote``."""
     os.environ[SPEC_ENV] = spec.to_json()  # spark-submit inherits it and rebuilds the same spec
-    committers = {name: TimedCommitter(c) for name, c in committers_for(spec).items()}
+    committers = {name: TimedCommitter(c) for name, c in committers_for(spec, settings).items()}
     ledger = Ledger.connect(settings.ledger_url)
     run = PipelineRun(spec.name, records, 0.0)
     started = time.perf_counter()

@@ -99,7 +99,6 @@ def pipeline_throughput(records: int, runs: int, settings: Settings, workdir: Pa
     from bench import dataset
     from bench.epochs import run_to_end
     from bench.pipelines import bench_pipeline
-    from onceflow.engine.connect import spark_remote
     from onceflow.ledger import Ledger
     from onceflow.pipeline import SinkSpec
 
@@ -122,12 +121,12 @@ def pipeline_throughput(records: int, runs: int, settings: Settings, workdir: Pa
                     config.pop("name")
                     spec = dataclasses.replace(spec, sinks=(SinkSpec("out", "iceberg", config),))
                 try:
-                    run = run_to_end(spec, run_settings, records, spark_remote())
+                    run = run_to_end(spec, run_settings, records, run_settings.spark_remote)
                 except Exception as exc:  # a shared runtime restarted under the run: once more, anew
                     print(f"[bench] {kind} run failed ({exc}); running it again", file=sys.stderr)
                     again.append(f"round {round_number} {kind}: {str(exc).splitlines()[0][-160:]}")
                     spec = dataclasses.replace(spec, name=f"{spec.name}-again")
-                    run = run_to_end(spec, run_settings, records, spark_remote())
+                    run = run_to_end(spec, run_settings, records, run_settings.spark_remote)
                 if round_number:
                     found[kind].append(run.records_per_s)
     finally:

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from onceflow.config import Settings
 from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, kafka_frame, python_read, slice_ranges
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
@@ -100,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark import StorageLevel
     from pyspark.sql import SparkSession
 
-    bootstrap = os.environ["ONCEFLOW_KAFKA_BOOTSTRAP"]
-    remote = os.environ["ONCEFLOW_SPARK_REMOTE"]
+    settings = Settings.from_env()
+    bootstrap = settings.kafka_bootstrap
+    remote = settings.spark_remote
+    if remote is None:
+        raise SystemExit("set ONCEFLOW_SPARK_REMOTE: this benchmark runs on a Spark Connect server")
     topic = f"bench-jvm-read-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
     ranges = produce(bootstrap, topic, args.records)
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     pieces = [piece for r in ranges for piece in r.split(spec.max_records_per_task)]
     tasks = [ReadTask(f"t{n}", 0, piece) for n, piece in enumerate(pieces)]
-    ref = SliceRef(spec, 1, 0, tuple(ranges), bootstrap)
+    ref = SliceRef(spec, 1, 0, tuple(ranges), bootstrap, settings=settings)
     spark = SparkSession.builder.remote(remote).create()
     try:
         spark.range(1).collect()  # the session is open before either run is timed

@@ -41,7 +41,6 @@ from bench.limit import read_all
 from bench.pipelines import bench_pipeline
 from onceflow import redact
 from onceflow.config import Settings
-from onceflow.engine.connect import spark_remote
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SIZES = (100_000, 1_000_000)
@@ -67,7 +66,7 @@ class Bench:
         self.runs = runs
         self.results: dict[str, Any] = {}
         self.merge_into: dict[str, Any] | None = None  # --merge: earlier results that new ones update
-        self.remote = spark_remote()  # the warm runtime's Spark Connect server, or None: spark-submit
+        self.remote = settings.spark_remote  # the warm runtime's Spark Connect server, or None: spark-submit
         self.runtime = (
             f"Spark Connect ({redact.url(self.remote)})" if self.remote else "spark-submit, one per slice"
         )

@@ -6,14 +6,16 @@ Trigger it with the range to read, e.g. ``airflow dags test onceflow_smoke --con
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param
 
-SPARK_JOBS = Path(os.environ.get("ONCEFLOW_SPARK_JOBS", Path(__file__).resolve().parents[1] / "spark_jobs"))
+from onceflow.config import Settings
+
+# The configured spark_jobs folder (ONCEFLOW_SPARK_JOBS), else the one beside this dags/ folder.
+SPARK_JOBS = Settings.from_env().spark_jobs or Path(__file__).resolve().parents[1] / "spark_jobs"
 
 with DAG(
     dag_id="onceflow_smoke",

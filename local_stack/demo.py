@@ -29,7 +29,6 @@ from local_stack.local_airflow import EXAMPLES_ENV, airflow_environment, migrate
 from local_stack.spark_runtime import SparkRuntime
 from onceflow import redact
 from onceflow.config import Settings
-from onceflow.engine.connect import spark_remote
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Ledger
 
@@ -196,7 +195,7 @@ def main() -> int:
     from examples.orders.data import make_orders, produce
 
     began = time.monotonic()
-    remote = spark_remote()
+    remote = settings.spark_remote
     runtime = (
         f"the warm Spark runtime (Spark Connect on {redact.url(remote)})"
         if remote

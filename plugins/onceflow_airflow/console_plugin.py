@@ -87,7 +87,8 @@ def _require(method: ResourceMethod, pipeline: str, request: Request, user: Base
 
 
 def _readable(ledger: Ledger, request: Request, user: BaseUser) -> list[str]:
-    return [p for p in read_model.pipeline_names(ledger) if _may("GET", p, request, user)]
+    names = read_model.pipeline_names(ledger, _settings().pipelines)
+    return [p for p in names if _may("GET", p, request, user)]
 
 
 def _now() -> datetime:
@@ -95,7 +96,7 @@ def _now() -> datetime:
 
 
 def _known(ledger: Ledger, pipeline: str) -> None:
-    if pipeline not in read_model.pipeline_names(ledger):
+    if pipeline not in read_model.pipeline_names(ledger, _settings().pipelines):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no pipeline {pipeline!r}")
 
 
@@ -122,7 +123,9 @@ def get_pipeline(
     settings = _settings()
     ledger = _ledger(settings.ledger_url)
     _known(ledger, pipeline)
-    return read_model.pipeline_view(ledger, pipeline, _now(), bootstrap=settings.kafka_bootstrap, last=last)
+    return read_model.pipeline_view(
+        ledger, pipeline, _now(), bootstrap=settings.kafka_bootstrap, pipelines=settings.pipelines, last=last
+    )
 
 
 @app.get("/api/pipelines/{pipeline}/dead-letters")
@@ -234,7 +237,9 @@ def _render_console(request: Request, user: BaseUser, pipeline: str | None, raw:
     args: dict[str, Any] = {"base": URL_PREFIX, "user": user.get_name(), "filters": filters}
     if pipeline is not None and pipeline not in readable:
         why = (
-            "is not known" if pipeline not in read_model.pipeline_names(ledger) else "is not readable by you"
+            "is not known"
+            if pipeline not in read_model.pipeline_names(ledger, settings.pipelines)
+            else "is not readable by you"
         )
         return page.render_console(
             None, readable, can_act=False, dag_id="", problem=f"pipeline {pipeline!r} {why}", **args
@@ -247,7 +252,9 @@ def _render_console(request: Request, user: BaseUser, pipeline: str | None, raw:
         return page.render_console(None, readable, can_act=False, dag_id="", **args)
     try:
         epoch = int(filters["epoch"]) if filters.get("epoch") else None
-        view = read_model.pipeline_view(ledger, pipeline, now, bootstrap=settings.kafka_bootstrap)
+        view = read_model.pipeline_view(
+            ledger, pipeline, now, bootstrap=settings.kafka_bootstrap, pipelines=settings.pipelines
+        )
         view["dead_letters"] = read_model.dead_letter_view(
             ledger, pipeline, epoch=epoch, code=filters.get("code"), text=filters.get("text")
         )

@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import sys
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, TriggerRule
 
-from onceflow.engine.submit import SPARK_CONF
+from onceflow.config import Settings
+from onceflow.engine.submit import SPARK_CONF, spark_application
 from onceflow.pipeline import Pipeline, load_pipeline
 from onceflow_airflow.operators import (
     INTERVAL_MODES,
@@ -55,12 +55,6 @@ def new_records_asset(
         uri=f"onceflow://{spec.name}/new-records",
         watchers=[AssetWatcher(name=f"onceflow_{spec.name}_new_records", trigger=trigger)],
     )
-
-
-def spark_application() -> str:
-    """``onceflow_process.py`` in ONCEFLOW_SPARK_JOBS, or in the spark_jobs/ folder beside plugins/."""
-    jobs = os.environ.get("ONCEFLOW_SPARK_JOBS") or str(Path(__file__).resolve().parents[2] / "spark_jobs")
-    return str(Path(jobs) / "onceflow_process.py")
 
 
 def executor_python() -> str:
@@ -99,6 +93,7 @@ def build_dag(
     otherwise.
     """
     spec = load_pipeline(pipeline)
+    settings = Settings.from_env()  # the door: where spark-submit finds the slice job's entry point
     conns = {
         "ledger_conn_id": ledger_conn_id,
         "kafka_conn_id": kafka_conn_id,
@@ -141,7 +136,7 @@ def build_dag(
                 task_id=f"process_s{number}",
                 pipeline=pipeline,
                 slice_number=number,
-                application=spark_application(),
+                application=spark_application(settings),
                 conn_id=spark_conn_id,
                 spark_connect_conn_id=spark_connect_conn_id,
                 name=f"onceflow-{spec.name}-s{number}",

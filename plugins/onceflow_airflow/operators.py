@@ -37,8 +37,10 @@ from airflow.sdk.exceptions import (
 
 from onceflow import redact
 from onceflow.cli import EXIT_REFUSED
+from onceflow.config import Settings
 from onceflow.coordinator import Coordinator, EpochOwned
-from onceflow.engine.connect import connect_sessions, pipeline_modules, spark_remote
+from onceflow.engine.connect import connect_sessions, pipeline_modules
+from onceflow.engine.executors import SliceRunner, slice_runner_for
 from onceflow.engine.local_slice import run_slice_local
 from onceflow.engine.slice_job import run_slice
 from onceflow.engine.submit import application_args
@@ -56,9 +58,6 @@ from onceflow_airflow.metrics import emit
 # How a run chooses its input: "auto" bounds scheduled and backfill runs by their data interval and
 # reads manual runs up to the newest stable offset; "bound" and "ignore" force one or the other.
 INTERVAL_MODES = ("auto", "bound", "ignore")
-# ONCEFLOW_EXECUTOR=local runs each process task's slice in the task's own process, without Spark (for
-# pipelines without transform and state); anything else leaves the choice below (Connect or submit).
-LOCAL_EXECUTOR = "local"
 
 
 @contextmanager
@@ -249,10 +248,12 @@ class OnceflowPlanOperator(_OnceflowOperator):
 class OnceflowProcessOperator(SparkSubmitOperator):
     """The process step: one slice of this run's epoch, on the warm Spark runtime or by spark-submit.
 
-    With a Spark Connect server (the ``spark_connect`` connection ``spark_connect_conn_id``, else
-    ``ONCEFLOW_SPARK_REMOTE``) this task is the slice's driver and sends its queries to the server;
-    otherwise it spark-submits ``onceflow_process.py`` through the ``spark`` connection, as the
-    apache-spark provider's SparkSubmitOperator does.
+    Where the slice runs is `onceflow.engine.executors.slice_runner`'s choice, as for ``onceflow run``,
+    from the configured executor (``ONCEFLOW_EXECUTOR``) and the Spark Connect server (the
+    ``spark_connect`` connection ``spark_connect_conn_id``, else ``ONCEFLOW_SPARK_REMOTE``). On the
+    server or, with ``local``, in this task's process, this task is the slice's driver; for spark-submit
+    it submits ``onceflow_process.py`` through the ``spark`` connection, as the apache-spark provider's
+    SparkSubmitOperator does.
 
     Skipped (not failed) when the run planned nothing to process, when the slice has no read task in
     this epoch, or when the epoch is already decided (a cleared or retried task must not redo it); the
@@ -305,7 +306,7 @@ class OnceflowProcessOperator(SparkSubmitOperator):
             raise AirflowSkipException(gate.line)
         epoch, why = gate.epoch, gate.line
         spec = load_pipeline(self.pipeline)
-        in_task = self.slice_in_task(spec, epoch.attempt_token)
+        in_task = self.slice_in_task(spec, epoch.attempt_token, settings)
         if in_task is not None:
             where, run = in_task
             self.log.info("onceflow: %s: %s", why, where)
@@ -326,27 +327,36 @@ class OnceflowProcessOperator(SparkSubmitOperator):
         }
         super().execute(context)
 
+    def slice_runner(self, settings: Settings) -> tuple[SliceRunner, str | None]:
+        """How this task runs its slice, and on which server: the library's one rule, which ``onceflow
+        run`` asks too, from the configured executor and the Spark Connect server this task sees."""
+        return slice_runner_for(settings, remote=self.connection_remote())
+
     def slice_in_task(
-        self, spec: Pipeline, attempt_token: str
+        self, spec: Pipeline, attempt_token: str, settings: Settings
     ) -> tuple[str, Callable[..., dict[str, Any]]] | None:
         """Where the slice runs when this task is its driver, and how: in this process without Spark
-        (ONCEFLOW_EXECUTOR=local), or on the Spark Connect server; None means spark-submit."""
-        if os.environ.get("ONCEFLOW_EXECUTOR") == LOCAL_EXECUTOR:
+        (executor ``local``), or on the Spark Connect server; None means spark-submit."""
+        runner, remote = self.slice_runner(settings)
+        if runner == "local":
             return "in this task's process (ONCEFLOW_EXECUTOR=local)", run_slice_local
-        remote = self.spark_remote()
-        if remote is None:
+        if runner == "submit" or remote is None:
             return None
         sessions = connect_sessions(remote, pipeline_modules(spec, self.pipeline), attempt_token)
         where = f"on the Spark Connect server {redact.url(remote)}"
         return where, functools.partial(run_slice, session=sessions)
 
-    def spark_remote(self) -> str | None:
-        """The Spark Connect server: the ``spark_connect`` connection if there is one, else
-        ``ONCEFLOW_SPARK_REMOTE``; None means spark-submit."""
+    def spark_remote(self, settings: Settings) -> str | None:
+        """The Spark Connect server: the ``spark_connect`` connection if there is one, else the
+        settings' (``ONCEFLOW_SPARK_REMOTE``); None means spark-submit."""
+        return self.connection_remote() or settings.spark_remote
+
+    def connection_remote(self) -> str | None:
+        """The URL of the ``spark_connect`` connection ``spark_connect_conn_id``, None without one."""
         try:
             return SparkConnectHook(self.spark_connect_conn_id).get_connection_url()
         except AirflowNotFoundException:
-            return spark_remote()
+            return None
 
 
 class OnceflowCommitOperator(_OnceflowOperator):

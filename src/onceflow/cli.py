@@ -14,9 +14,9 @@ client's own log lines.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from onceflow import dead_letters, redact, topics
-from onceflow.config import Settings
+from onceflow.config import EXECUTORS, Settings
 from onceflow.console.actions import refusal_line
 from onceflow.console.read_model import backlog as _backlog
 from onceflow.console.read_model import epoch_dict as _epoch_dict
@@ -79,10 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-records-per-partition", type=int, default=None)
     run.add_argument(
         "--executor",
-        choices=("spark", "connect", "submit", "local"),
-        default="spark",
+        choices=EXECUTORS,
+        default=None,
         help="spark: the Spark Connect server in ONCEFLOW_SPARK_REMOTE if set, else spark-submit; "
-        "connect or submit: only that one; local: no Spark, no transform",
+        "connect or submit: only that one; local: no Spark, no transform (default: ONCEFLOW_EXECUTOR, "
+        "else spark)",
     )
 
     preview = sub.add_parser("preview", help="print the next epoch's ranges; changes nothing (a dry run)")
@@ -115,10 +116,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_epochs(ledger: Ledger, args: argparse.Namespace) -> int:
+def _cmd_epochs(ledger: Ledger, args: argparse.Namespace, settings: Settings) -> int:
     from onceflow.catalog import known_pipeline
 
-    known_pipeline(ledger, args.pipeline)
+    known_pipeline(ledger, args.pipeline, settings.pipelines)
     rows = [_epoch_dict(ledger, e) for e in ledger.epochs(args.pipeline, last=args.last)]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -140,13 +141,13 @@ def _cmd_epochs(ledger: Ledger, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+def _cmd_status(ledger: Ledger, args: argparse.Namespace, settings: Settings) -> int:
     from onceflow.catalog import known_pipeline
 
-    spec = known_pipeline(ledger, args.pipeline)
+    spec = known_pipeline(ledger, args.pipeline, settings.pipelines)
     committed = ledger.committed_offsets(args.pipeline)
     in_flight = ledger.open_epoch(args.pipeline)
-    bootstrap = (settings or Settings.from_env()).kafka_bootstrap
+    bootstrap = settings.kafka_bootstrap
     kafka = "ok"
     backlog: dict[Any, Any] = {}
     if committed or spec is not None:
@@ -218,28 +219,32 @@ def _group_positions(
         return group, {}
 
 
-def _coordinator(ledger: Ledger, pipeline: str, settings: Settings | None) -> Coordinator:
+def _coordinator(ledger: Ledger, pipeline: str, settings: Settings) -> Coordinator:
     from onceflow.catalog import find_pipeline
     from onceflow.coordinator import Coordinator
 
     def say(line: str) -> None:
         print(line, file=sys.stderr)
 
-    return Coordinator.for_pipeline(find_pipeline(pipeline), ledger, settings or Settings.from_env(), log=say)
+    return Coordinator.for_pipeline(find_pipeline(pipeline, settings.pipelines), ledger, settings, log=say)
 
 
 def _who() -> str:
-    return f"`onceflow` by {os.environ.get('USER') or 'an operator'}"
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name in the environment nor in the password database
+        user = ""
+    return f"`onceflow` by {user or 'an operator'}"
 
 
-def _cmd_recover(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+def _cmd_recover(ledger: Ledger, args: argparse.Namespace, settings: Settings) -> int:
     coordinator = _coordinator(ledger, args.pipeline, settings)
     report = coordinator.recover(by=f"{_who()} (recover{' --force' if args.force else ''})", force=args.force)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
     return 0
 
 
-def _cmd_preview(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+def _cmd_preview(ledger: Ledger, args: argparse.Namespace, settings: Settings) -> int:
     from onceflow.planning import describe_slices
 
     plan, slices = _coordinator(ledger, args.pipeline, settings).preview(
@@ -252,25 +257,25 @@ def _cmd_preview(ledger: Ledger, args: argparse.Namespace, settings: Settings | 
     return 0
 
 
-def _cmd_commit(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+def _cmd_commit(ledger: Ledger, args: argparse.Namespace, settings: Settings) -> int:
     done = _coordinator(ledger, args.pipeline, settings).commit(number=args.epoch)
     print(f"{done}")
     return 0
 
 
-def _cmd_abort(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+def _cmd_abort(ledger: Ledger, args: argparse.Namespace, settings: Settings) -> int:
     reason = args.reason or f"aborted by hand with {_who()}"
     done = _coordinator(ledger, args.pipeline, settings).abort(number=args.epoch, reason=reason)
     print(f"{done}")
     return 0
 
 
-def _cmd_retain(ledger: Ledger, args: argparse.Namespace, settings: Settings | None) -> int:
+def _cmd_retain(ledger: Ledger, args: argparse.Namespace, settings: Settings) -> int:
     from onceflow.catalog import known_pipeline
     from onceflow.coordinator import Coordinator
 
-    known_pipeline(ledger, args.pipeline)
-    base = settings or Settings.from_env()
+    known_pipeline(ledger, args.pipeline, settings.pipelines)
+    base = settings
     if args.keep_epochs is not None and args.keep_epochs < 1:
         raise ConfigError(f"--keep-epochs {args.keep_epochs}: keep at least the last committed epoch (>= 1)")
     if args.keep_epochs is None and base.retain_epochs == 0:
@@ -287,7 +292,7 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from onceflow.catalog import find_pipeline_path
     from onceflow.engine.runner import run_until
 
-    path, _ = find_pipeline_path(args.pipeline)
+    path, _ = find_pipeline_path(args.pipeline, settings.pipelines)
     run_until(
         path,
         settings,
@@ -302,26 +307,25 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 def run(args: argparse.Namespace) -> int:
     from onceflow.ledger import Ledger
 
-    settings = None
-    url = args.ledger_url
-    if url is None:
-        settings = Settings.from_env()
-        url = settings.ledger_url
+    # The door: every command gets the deployment's settings here, the ledger URL of --ledger-url first.
+    settings = Settings.from_env()
+    if args.ledger_url is not None:
+        settings = replace(settings, ledger_url=args.ledger_url)
+    url = settings.ledger_url
     if args.command == "db":
         with Ledger.connect(url, check=False) as ledger:
             ledger.upgrade()
             print(f"ledger at {ledger.url} is at the current schema")
         return 0
     if args.command == "run":
-        base = settings or Settings.from_env()
-        return _cmd_run(args, replace(base, ledger_url=url))
+        return _cmd_run(args, settings)
     if args.command == "topics":
-        return topics.run(args, settings or Settings.from_env())
+        return topics.run(args, settings)
     with Ledger.connect(url) as ledger:
         if args.command == "dead-letters":
-            return dead_letters.run(ledger, args)
+            return dead_letters.run(ledger, args, settings.pipelines)
         if args.command == "epochs":
-            return _cmd_epochs(ledger, args)
+            return _cmd_epochs(ledger, args, settings)
         if args.command == "status":
             return _cmd_status(ledger, args, settings)
         commands = {

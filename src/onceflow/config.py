@@ -1,8 +1,11 @@
 """Connection settings, read from the same ONCEFLOW_* variables that `make services` prints.
 
-Every onceflow command, DAG and Spark job goes through `Settings.from_env()`, so pointing onceflow at
-another Kafka, PostgreSQL or ledger is a matter of setting these variables (or Airflow connections, which
-the plugins translate into the same settings).
+Every onceflow command, DAG and Spark job goes through `Settings.from_env()` at its door (the CLI, the
+spark-submit entry, the Airflow hook), so pointing onceflow at another Kafka, PostgreSQL, ledger or Spark
+is a matter of setting these variables (or Airflow connections, which the plugins translate into the
+same settings). This is the one module that reads them: the library below the doors takes a `Settings`
+and never looks at the environment (only the fault-injection and debug switches of `onceflow.faults`
+and `onceflow.errors` are read where they act).
 """
 
 from __future__ import annotations
@@ -11,11 +14,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, TypeAlias, cast
 
 from onceflow import redact
 from onceflow.errors import ConfigError
 
 _DEFAULT_HOME = Path.cwd() / ".onceflow"
+# How slices run: "spark" is the Spark Connect server when one is configured, else spark-submit;
+# "connect" and "submit" insist on one of them; "local" runs them in the driver's process, without Spark.
+Executor: TypeAlias = Literal["spark", "connect", "submit", "local"]
+EXECUTORS: tuple[Executor, ...] = ("spark", "connect", "submit", "local")
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,16 @@ class Settings:
     retain_epochs: int = 1000
     # Days after which dead letters of finished epochs are deleted (ONCEFLOW_DEAD_LETTER_DAYS).
     dead_letter_days: float = 7.0
+    # The folder of the spark-submit entry points (ONCEFLOW_SPARK_JOBS); None: beside the code, if there.
+    spark_jobs: Path | None = None
+    # The master of `onceflow run`'s spark-submit (ONCEFLOW_SPARK_MASTER; DAGs use `spark_default`).
+    spark_master: str = "local[2]"
+    # sc://host:port of a Spark Connect server that runs the slices (ONCEFLOW_SPARK_REMOTE), or None.
+    spark_remote: str | None = None
+    # How slices run (ONCEFLOW_EXECUTOR), see `Executor`; `onceflow run --executor` overrides it.
+    executor: Executor = "spark"
+    # module:attribute of each pipeline the CLI and the console find by name (ONCEFLOW_PIPELINES).
+    pipelines: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -46,6 +64,11 @@ class Settings:
             lease_s=_seconds(env.get("ONCEFLOW_LEASE_S"), "ONCEFLOW_LEASE_S", 120.0),
             retain_epochs=_whole(env.get("ONCEFLOW_RETAIN_EPOCHS"), "ONCEFLOW_RETAIN_EPOCHS", 1000),
             dead_letter_days=_days(env.get("ONCEFLOW_DEAD_LETTER_DAYS"), "ONCEFLOW_DEAD_LETTER_DAYS", 7.0),
+            spark_jobs=Path(jobs) if (jobs := env.get("ONCEFLOW_SPARK_JOBS", "").strip()) else None,
+            spark_master=env.get("ONCEFLOW_SPARK_MASTER", "").strip() or "local[2]",
+            spark_remote=env.get("ONCEFLOW_SPARK_REMOTE", "").strip() or None,
+            executor=cast(Executor, env.get("ONCEFLOW_EXECUTOR", "").strip() or "spark"),
+            pipelines=tuple(p.strip() for p in env.get("ONCEFLOW_PIPELINES", "").split(",") if p.strip()),
         )
         settings.validate()
         return settings
@@ -65,6 +88,19 @@ class Settings:
                 f"ONCEFLOW_LEDGER_URL={redact.url(self.ledger_url)!r}: expected an SQLAlchemy URL such as "
                 "sqlite:///path/ledger.db or postgresql+psycopg://user:pw@host/db"
             )
+        if self.spark_remote is not None and not self.spark_remote.startswith("sc://"):
+            raise ConfigError(
+                f"ONCEFLOW_SPARK_REMOTE={redact.url(self.spark_remote)!r} is not a Spark Connect URL: use "
+                "sc://host:port (infra/spark.sh start prints the local one)"
+            )
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"ONCEFLOW_EXECUTOR={self.executor!r}: expected one of {', '.join(EXECUTORS)}")
+        for path in self.pipelines:
+            module, sep, attribute = path.partition(":")
+            if not sep or not module or not attribute:
+                raise ConfigError(
+                    f"ONCEFLOW_PIPELINES={','.join(self.pipelines)!r}: {path!r} is not module:attribute"
+                )
 
     def as_env(self) -> dict[str, str]:
         """The settings as ONCEFLOW_* variables, for spark-submit and other child processes."""
@@ -76,7 +112,18 @@ class Settings:
             "ONCEFLOW_LEASE_S": f"{self.lease_s:g}",
             "ONCEFLOW_RETAIN_EPOCHS": str(self.retain_epochs),
             "ONCEFLOW_DEAD_LETTER_DAYS": f"{self.dead_letter_days:g}",
+            "ONCEFLOW_SPARK_MASTER": self.spark_master,
+            "ONCEFLOW_EXECUTOR": self.executor,
+            **({} if self.spark_jobs is None else {"ONCEFLOW_SPARK_JOBS": str(self.spark_jobs)}),
+            **({} if self.spark_remote is None else {"ONCEFLOW_SPARK_REMOTE": self.spark_remote}),
+            **({"ONCEFLOW_PIPELINES": ",".join(self.pipelines)} if self.pipelines else {}),
         }
+
+
+def inherited_environment() -> dict[str, str]:
+    """This process's whole environment, for a child process that must inherit it (spark-submit needs
+    PATH, JAVA_HOME, SPARK_HOME and the rest); onceflow itself reads only `Settings`."""
+    return dict(os.environ)
 
 
 def _seconds(value: str | None, name: str, default: float) -> float:

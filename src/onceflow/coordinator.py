@@ -115,7 +115,7 @@ class Coordinator:
         if self._committers is None:
             if self.spec is None:
                 raise MissingCommitter(f"pipeline {self.pipeline!r}: no committers and no spec to build them")
-            self._committers = committers_for(self.spec, self.settings)
+            self._committers = committers_for(*self._need_spec("commit or abort"))
         return self._committers
 
     @property

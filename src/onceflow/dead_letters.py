@@ -13,6 +13,7 @@ import argparse
 import base64
 import json
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -32,8 +33,8 @@ def add_parser(sub: Any) -> None:
     dead.add_argument("--json", action="store_true", help="machine-readable output, key and value in base64")
 
 
-def run(ledger: Ledger, args: argparse.Namespace) -> int:
-    letters = find(ledger, args.pipeline, args.epoch)
+def run(ledger: Ledger, args: argparse.Namespace, pipelines: Sequence[str]) -> int:
+    letters = find(ledger, args.pipeline, pipelines, args.epoch)
     if args.json:
         print(json.dumps([as_dict(d) for d in letters], indent=2))
         return 0
@@ -46,7 +47,9 @@ def run(ledger: Ledger, args: argparse.Namespace) -> int:
     return 0
 
 
-def find(ledger: Ledger, pipeline: str, epoch: int | None = None) -> list[StoredDeadLetter]:
+def find(
+    ledger: Ledger, pipeline: str, pipelines: Sequence[str], epoch: int | None = None
+) -> list[StoredDeadLetter]:
     """The committed dead letters of ``pipeline`` (of one epoch if given), in epoch and offset order.
 
     An unknown pipeline is an error that lists the known ones; an epoch that has not committed says why
@@ -54,7 +57,7 @@ def find(ledger: Ledger, pipeline: str, epoch: int | None = None) -> list[Stored
     from onceflow.catalog import known_pipeline
     from onceflow.ledger import EpochStatus
 
-    known_pipeline(ledger, pipeline)
+    known_pipeline(ledger, pipeline, pipelines)
     if epoch is not None:
         status = ledger.epoch(pipeline, epoch).status  # an unknown epoch is a LedgerError naming it
         if status != EpochStatus.COMMITTED:

@@ -24,7 +24,11 @@ class ServiceUnavailable(OnceflowError):
 
 
 def debug_enabled() -> bool:
-    """True when ONCEFLOW_DEBUG asks for tracebacks and the Kafka client's own log lines."""
+    """True when ONCEFLOW_DEBUG asks for tracebacks and the Kafka client's own log lines.
+
+    A debug switch, not a setting: read here, where it acts (before any `Settings` exists, and in
+    every process alike), like the fault switches of `onceflow.faults`; settings are `onceflow.config`'s.
+    """
     return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 

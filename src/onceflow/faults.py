@@ -18,6 +18,9 @@ A point can also be armed to pause instead of crash, so that a test acts at an e
 broker, aborts the epoch under a running task): ``ONCEFLOW_PAUSE_AT=point`` and
 ``ONCEFLOW_PAUSE_DIR=folder``. The first process to reach the point writes ``paused-{point}`` there and
 waits until the test creates ``resume-{point}`` (at most ten minutes); later hits pass.
+
+These are test switches, not settings: they are read here, where the points act, in whichever process
+reaches them; everything else onceflow reads from the environment goes through `onceflow.config`.
 """
 
 from __future__ import annotations
@@ -65,6 +68,12 @@ def armed() -> list[str]:
     if unknown:
         raise ConfigError(f"{CRASH_AT_ENV}: unknown crash points {unknown}; known: {', '.join(POINTS)}")
     return names
+
+
+def plan_armed(env: dict[str, str] | None = None) -> bool:
+    """Whether any crash or pause point is armed (a test's switch, read here where the points act)."""
+    environ = os.environ if env is None else env
+    return bool(environ.get(CRASH_AT_ENV, "").strip() or environ.get(PAUSE_AT_ENV, "").strip())
 
 
 def crash_point(name: str) -> None:

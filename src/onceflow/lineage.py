@@ -48,11 +48,11 @@ def file_dataset(path: str | Path) -> DatasetName:
     return DatasetName("file", str(Path(path).resolve()))
 
 
-def sink_dataset(sink: SinkSpec, settings: Settings | None) -> DatasetName | None:
+def sink_dataset(sink: SinkSpec, settings: Settings) -> DatasetName | None:
     """The dataset a sink makes visible, or None for a sink whose config names none of the above."""
     config: dict[str, Any] = sink_kind(sink.kind).config_for(sink, settings)
     if "topic" in config:
-        bootstrap = config.get("bootstrap") or (settings.kafka_bootstrap if settings else "")
+        bootstrap = config.get("bootstrap") or settings.kafka_bootstrap
         return kafka_dataset(str(bootstrap), str(config["topic"])) if bootstrap else None
     if "table" in config and config.get("dsn"):
         return postgres_dataset(str(config["dsn"]), str(config["table"]))

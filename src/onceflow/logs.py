@@ -1,12 +1,13 @@
-"""The one-line log every protocol step writes to: a task log, a terminal, or nothing."""
+"""The one shape of a step's log: a function that takes one line (a task log, a terminal, or nothing)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeAlias
 
-Log = Callable[[str], None]
+Log: TypeAlias = Callable[[str], None]
 
 
 def quiet(_: str) -> None:
-    """A log that drops its lines, for callers that only want the results."""
+    """The log of a caller that wants no lines."""
     return None

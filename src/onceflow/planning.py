@@ -50,13 +50,13 @@ def slices_of(spec: Pipeline, ranges: tuple[OffsetRange, ...]) -> tuple[SlicePla
     return assign_slices(ranges, spec.slices, spec.max_records_per_task)
 
 
-def participant_sinks(spec: Pipeline, settings: Settings | None = None) -> tuple[SinkSpec, ...]:
+def participant_sinks(spec: Pipeline, settings: Settings) -> tuple[SinkSpec, ...]:
     """The user's sinks plus, for a stateful pipeline, the internal sink of its state snapshot."""
     state = state_sink(spec, settings)
     return spec.sinks if state is None else (*spec.sinks, state)
 
 
-def committers_for(spec: Pipeline, settings: Settings | None = None) -> dict[str, SinkCommitter]:
+def committers_for(spec: Pipeline, settings: Settings) -> dict[str, SinkCommitter]:
     """A committer per participant sink of the pipeline (its sinks, plus its keyed state's)."""
     committers = {}
     for sink in participant_sinks(spec, settings):
@@ -169,9 +169,7 @@ def check_rerun(spec: Pipeline) -> None:
         )
 
 
-def run_plan_checks(
-    spec: Pipeline, settings: Settings | None = None, parallel_tasks: int | None = None
-) -> None:
+def run_plan_checks(spec: Pipeline, settings: Settings, parallel_tasks: int | None = None) -> None:
     """Every check made before an epoch is planned: the guarantee, the transform importable, then each
     sink kind's own checks, given the configs of all the pipeline's sinks of that kind and how many tasks
     of one epoch write to each (``parallel_tasks``: the epoch's read tasks once its ranges are known)."""

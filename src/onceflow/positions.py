@@ -17,7 +17,7 @@ from onceflow.sinks.registry import sink_kind
 from onceflow.sources.consumer_group import position_group, publish_positions
 
 
-def group_to_publish(spec: Pipeline, settings: Settings | None) -> str | None:
+def group_to_publish(spec: Pipeline, settings: Settings) -> str | None:
     """The consumer group the coordinator keeps in step with the ledger: ``onceflow-<pipeline>``,
     unless one of the pipeline's sinks commits that group inside its own transaction."""
     group = position_group(spec.name)

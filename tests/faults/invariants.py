@@ -188,7 +188,9 @@ def check_records(
     verdict.violations += check_protocol_clean(spec, ledger, pg, root)
     # The Kafka sink's consumer group stands where the ledger's committed position does.
     committed = ledger.committed_offsets(spec.name)
-    group = KafkaCommitter({**sinks["kafka"].config, "name": "kafka"}).committed_offsets(spec.name, committed)
+    group = KafkaCommitter(
+        {**sinks["kafka"].config, "name": "kafka", "bootstrap": bootstrap}
+    ).committed_offsets(spec.name, committed)
     behind = {tp: (group.get(tp), pos) for tp, pos in committed.items() if pos > 0 and group.get(tp) != pos}
     if behind:
         verdict.violations.append(f"Kafka sink group offsets differ from the ledger: {behind}")

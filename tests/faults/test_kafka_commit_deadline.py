@@ -44,6 +44,7 @@ def setup(settings: Settings, make_topic: Callable[..., str], tmp_path: Path) ->
             "topic": make_topic("deadline-out", partitions=3),
             "staging_root": str(tmp_path),
             "timeout_s": TIMEOUT_S,
+            "bootstrap": settings.kafka_bootstrap,
         },
         "bootstrap": settings.kafka_bootstrap,
     }

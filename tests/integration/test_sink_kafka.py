@@ -60,7 +60,11 @@ def setup(settings: Settings, make_topic: Callable[..., str], tmp_path: Path) ->
     return {
         "pipeline": f"pk-{uuid.uuid4().hex[:10]}",
         "input": make_topic("sink-in", partitions=2),
-        "config": {"topic": make_topic("sink-out", partitions=3), "staging_root": str(tmp_path)},
+        "config": {
+            "topic": make_topic("sink-out", partitions=3),
+            "staging_root": str(tmp_path),
+            "bootstrap": settings.kafka_bootstrap,
+        },
         "bootstrap": settings.kafka_bootstrap,
     }
 
@@ -171,7 +175,7 @@ def test_a_coordinator_killed_mid_publish_is_fenced_and_the_next_one_publishes_o
             sys.executable,
             "-c",
             _KILLED_COORDINATOR,
-            json.dumps({**setup["config"], "bootstrap": setup["bootstrap"]}),
+            json.dumps(setup["config"]),
             json.dumps([c.to_json() for c in slice0]),
         ],
         stdin=subprocess.PIPE,

@@ -56,7 +56,71 @@ def test_the_environment_variable_of_pipelines_is_read_in_one_module() -> None:
     readers = sorted(
         str(p.relative_to(root)) for p in root.rglob("*.py") if '"ONCEFLOW_PIPELINES"' in p.read_text()
     )
-    assert readers == ["catalog.py"]
+    assert readers == ["config.py"]
+
+
+# The test and debug switches, read where they act (`onceflow.faults`, `onceflow.errors`), not settings.
+SWITCHES = {
+    "faults.py": {
+        "ONCEFLOW_CRASH_AT",
+        "ONCEFLOW_CRASH_STATE",
+        "ONCEFLOW_CRASH_SKIP",
+        "ONCEFLOW_PAUSE_AT",
+        "ONCEFLOW_PAUSE_DIR",
+    },
+    "errors.py": {"ONCEFLOW_DEBUG"},
+}
+
+
+def test_only_config_reads_the_environment_and_the_onceflow_variables() -> None:
+    """A variable named as a string of its own (a key to look up) or any read of the environment is
+    `onceflow.config`'s alone in the library; the DAGs and plugins take the Spark and executor
+    variables from `Settings` too."""
+    import ast
+    import re
+    from pathlib import Path
+
+    import onceflow
+
+    VARIABLE = re.compile(r"ONCEFLOW_[A-Z0-9_]+")
+
+    def names_and_reads(path: Path) -> tuple[set[str], bool]:
+        tree = ast.parse(path.read_text())
+        names = {
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and VARIABLE.fullmatch(n.value)
+        }
+        reads = any(
+            (isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv", "environb"))
+            or (isinstance(n, ast.Name) and n.id in ("environ", "getenv"))
+            for n in ast.walk(tree)
+        )
+        return names, reads
+
+    root = Path(onceflow.__file__).parent
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        module = str(path.relative_to(root))
+        names, reads = names_and_reads(path)
+        names -= SWITCHES.get(module, set())
+        if module != "config.py" and (names or (reads and module not in SWITCHES)):
+            found[module] = (sorted(names), reads)
+    assert found == {}
+    spark_and_executor = {
+        "ONCEFLOW_SPARK_JOBS",
+        "ONCEFLOW_SPARK_MASTER",
+        "ONCEFLOW_SPARK_REMOTE",
+        "ONCEFLOW_EXECUTOR",
+        "ONCEFLOW_PIPELINES",
+    }
+    project = root.parents[1]
+    outside = {
+        str(path.relative_to(project)): sorted(names_and_reads(path)[0] & spark_and_executor)
+        for folder in ("plugins", "dags", "spark_jobs")
+        for path in sorted((project / folder).rglob("*.py"))
+    }
+    assert {k: v for k, v in outside.items() if v} == {}
 
 
 def test_planning_sits_below_the_coordinator_and_the_engine() -> None:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from onceflow.config import Settings
 from onceflow.engine.connect import (
     module_bundle,
     own_packages,
     pipeline_modules,
     slice_tag,
-    spark_remote,
 )
-from onceflow.engine.runner import slice_runner
+from onceflow.engine.executors import slice_runner
 from onceflow.errors import ConfigError
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
 
@@ -42,6 +42,9 @@ def test_spark_means_connect_when_a_remote_is_set_and_spark_submit_otherwise() -
 
 
 def test_the_remote_comes_from_the_environment_and_must_be_a_spark_connect_url() -> None:
+    def spark_remote(env: dict[str, str]) -> str | None:
+        return Settings.from_env(env).spark_remote
+
     assert spark_remote({}) is None
     assert spark_remote({"ONCEFLOW_SPARK_REMOTE": " "}) is None
     assert spark_remote({"ONCEFLOW_SPARK_REMOTE": "sc://127.0.0.1:15002"}) == "sc://127.0.0.1:15002"

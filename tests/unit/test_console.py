@@ -37,6 +37,8 @@ LETTERS = [
 ]
 # Nothing listens here: Kafka out of reach.
 NO_KAFKA = "127.0.0.1:9"
+# What ONCEFLOW_PIPELINES lists for the console and the CLI.
+PIPELINES = (f"{__name__}:CLICKS",)
 
 
 def sink() -> RecordingCommitter:
@@ -77,7 +79,9 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
 
 
 def settings(tmp_path: Path, ledger: Ledger) -> Settings:
-    return Settings(tmp_path, NO_KAFKA, "postgresql://nobody@127.0.0.1:1/none", ledger.url)
+    return Settings(
+        tmp_path, NO_KAFKA, "postgresql://nobody@127.0.0.1:1/none", ledger.url, pipelines=PIPELINES
+    )
 
 
 def test_epochs_newest_first_with_ranges_participants_and_the_age_of_the_undecided_one(
@@ -153,7 +157,7 @@ def test_the_page_of_an_unknown_pipeline_is_an_error_naming_the_known_ones(ledge
     from onceflow.errors import ConfigError
 
     with pytest.raises(ConfigError, match="'clicks'"):
-        pipeline_view(ledger, "nope", ledger.epoch(P, 1).planned_at, bootstrap=NO_KAFKA)
+        pipeline_view(ledger, "nope", ledger.epoch(P, 1).planned_at, bootstrap=NO_KAFKA, pipelines=PIPELINES)
 
 
 def test_abort_of_the_undecided_epoch_rolls_back_its_staging_and_records_who(
@@ -230,7 +234,9 @@ def test_the_page_escapes_what_producers_wrote(ledger: Ledger) -> None:
     third = ledger.plan_epoch(P, [OffsetRange("in", 0, 3, 7), OffsetRange("in", 1, 5, 5)], [])
     ledger.precommit_slice(P, third.number, third.attempt_token, [], [hostile])
     Coordinator(ledger, P, {}).commit(number=third.number)
-    view = pipeline_view(ledger, P, second.planned_at, bootstrap=NO_KAFKA, kafka_timeout=0.5)
+    view = pipeline_view(
+        ledger, P, second.planned_at, bootstrap=NO_KAFKA, pipelines=PIPELINES, kafka_timeout=0.5
+    )
     html = render_console(view, [P], base="/onceflow", user="<u>", can_act=True, dag_id="d", filters={})
     assert "<script>alert" not in html and "<img" not in html and "<i>why" not in html and "<u>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html

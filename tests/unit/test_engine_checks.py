@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from onceflow.config import Settings
 from onceflow.errors import ConfigError
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import STATE_SINK, JsonFormat, KafkaSource, Pipeline, SinkSpec, StateSpec
@@ -17,6 +18,7 @@ from onceflow.planning import (
 )
 
 KAFKA = {"topic": "out", "bootstrap": "127.0.0.1:1", "staging_root": "/tmp/x"}
+SETTINGS = Settings.from_env({})
 
 
 def spec(*sinks: SinkSpec, **fields: object) -> Pipeline:
@@ -32,8 +34,10 @@ def spec(*sinks: SinkSpec, **fields: object) -> Pipeline:
 def test_two_kafka_sinks_sharing_a_consumer_group_are_refused() -> None:
     shared = spec(SinkSpec("a", "kafka", KAFKA), SinkSpec("b", "kafka", {**KAFKA, "topic": "other"}))
     with pytest.raises(ConfigError, match="sinks 'a' and 'b' both commit input offsets to consumer group"):
-        run_plan_checks(shared)
-    run_plan_checks(spec(SinkSpec("a", "kafka", KAFKA), SinkSpec("b", "kafka", {**KAFKA, "group_id": "g-b"})))
+        run_plan_checks(shared, SETTINGS)
+    run_plan_checks(
+        spec(SinkSpec("a", "kafka", KAFKA), SinkSpec("b", "kafka", {**KAFKA, "group_id": "g-b"})), SETTINGS
+    )
 
 
 def test_a_kafka_transaction_timeout_below_the_pipeline_timeout_is_refused() -> None:
@@ -41,7 +45,7 @@ def test_a_kafka_transaction_timeout_below_the_pipeline_timeout_is_refused() -> 
         SinkSpec("a", "kafka", {**KAFKA, "transaction_timeout_ms": 60_000}), transaction_timeout_s=900
     )
     with pytest.raises(ConfigError, match=r"sink 'a'.*Raise transaction_timeout_ms"):
-        run_plan_checks(short)
+        run_plan_checks(short, SETTINGS)
 
 
 def test_state_is_a_participant_of_every_task(tmp_path: object) -> None:
@@ -54,7 +58,7 @@ def test_state_is_a_participant_of_every_task(tmp_path: object) -> None:
     assert expected_participants(stateful, slices) == [
         (name, task) for task in ("s0-t0", "s0-t1", "s0-t2") for name in ("pg", STATE_SINK)
     ]
-    state = participant_sinks(stateful)[-1]
+    state = participant_sinks(stateful, SETTINGS)[-1]
     assert state.name == STATE_SINK and state.kind == "files"
     assert dict(state.config) == {"root": "/tmp/state/p", "table": "state", "mode": "replace"}
 
@@ -62,7 +66,7 @@ def test_state_is_a_participant_of_every_task(tmp_path: object) -> None:
 def test_replacing_an_interval_is_refused_for_append_only_sinks_at_plan_time() -> None:
     appending = spec(SinkSpec("out", "kafka", KAFKA), on_rerun="replace")
     with pytest.raises(ConfigError, match=r"on_rerun='replace': sinks \['out \(kafka\)'\] are append-only"):
-        run_plan_checks(appending)
+        run_plan_checks(appending, SETTINGS)
     check_rerun(spec(SinkSpec("t", "files", {"root": "/tmp/x", "table": "t"}), on_rerun="replace"))
 
 

@@ -623,10 +623,10 @@ def test_pipelines_are_found_by_name_in_onceflow_pipelines() -> None:
     from onceflow.catalog import find_pipeline
 
     with pytest.raises(ConfigError, match="ONCEFLOW_PIPELINES is not set"):
-        find_pipeline("orders", {})
+        find_pipeline("orders", [])
     with pytest.raises(ConfigError, match="cannot import"):
-        find_pipeline("orders", {"ONCEFLOW_PIPELINES": "no_such_module_x:f"})
-    found = find_pipeline("orders", {"ONCEFLOW_PIPELINES": "examples.orders.pipeline:ORDERS"})
+        find_pipeline("orders", ["no_such_module_x:f"])
+    found = find_pipeline("orders", ["examples.orders.pipeline:ORDERS"])
     assert found.name == "orders"
     with pytest.raises(ConfigError, match=r"'nosuch' is not among .* \(it lists: orders\)"):
-        find_pipeline("nosuch", {"ONCEFLOW_PIPELINES": "examples.orders.pipeline:ORDERS"})
+        find_pipeline("nosuch", ["examples.orders.pipeline:ORDERS"])

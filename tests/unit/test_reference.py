@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from onceflow import reference
+from onceflow.config import Settings
 from onceflow.errors import ConfigError
+from onceflow.pipeline import SinkSpec
 from onceflow.sinks import build_committer, known_kinds, sink_kind
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks.registry import SinkSetting
@@ -50,7 +52,11 @@ def _sample(setting: SinkSetting, folder: Path) -> Any:
 
 
 def _required_config(kind: str, folder: Path) -> dict[str, Any]:
-    return {s.key: _sample(s, folder) for s in sink_kind(kind).settings if s.required}
+    """The required settings, and what the kind's defaults fill from the deployment's settings."""
+    required = {s.key: _sample(s, folder) for s in sink_kind(kind).settings if s.required}
+    return sink_kind(kind).config_for(
+        SinkSpec("s", kind, required), Settings.from_env({"ONCEFLOW_HOME": str(folder)})
+    )
 
 
 def _record_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str, dict[str, Any]]]:

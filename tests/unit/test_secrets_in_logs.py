@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from onceflow.config import Settings
 from onceflow.engine import connect
 from onceflow.pipeline import load_pipeline
 from tests.unit.test_process_runtime import operator  # noqa: F401 - the fixture
@@ -22,7 +23,8 @@ def test_the_process_operator_names_the_server_without_its_token(operator, monke
         json.dumps({"conn_type": "spark_connect", "host": "cluster", "port": 443, "password": SECRET}),
     )
     process = operator(spark_connect_conn_id="my_connect")
-    in_task = process.slice_in_task(load_pipeline("examples.orders.pipeline:ORDERS"), "attempt-token")
+    spec = load_pipeline("examples.orders.pipeline:ORDERS")
+    in_task = process.slice_in_task(spec, "attempt-token", Settings.from_env({}))
     assert in_task is not None
     assert in_task[0] == "on the Spark Connect server sc://cluster:443/;token=***"
 

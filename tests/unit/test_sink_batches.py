@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from onceflow.config import Settings
 from onceflow.executor.slices import SliceRef
 from onceflow.executor.writing import write_task_batches
 from onceflow.offsets import OffsetRange
@@ -269,7 +270,7 @@ def test_a_writer_without_write_batch_gets_the_batches_rows_once(tmp_path: Path)
     RowsOnlyWriter.written.clear()
     sink = SinkSpec("out", f"{__name__}:ROWS_ONLY", {})
     spec = Pipeline("p", KafkaSource(("in",)), JsonFormat({"n": "int"}), (sink,))
-    ref = SliceRef(spec, 1, 0, (OffsetRange("in", 0, 0, 3),), "127.0.0.1:1")
+    ref = SliceRef(spec, 1, 0, (OffsetRange("in", 0, 0, 3),), "127.0.0.1:1", settings=Settings.from_env({}))
     batches = [
         pa.record_batch({"n": [1, 2]}),
         pa.record_batch({"n": pa.array([], pa.int64())}),

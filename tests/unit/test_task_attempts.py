@@ -25,8 +25,8 @@ def setup(tmp_path: Path) -> tuple[SliceRef, SinkSpec, Ledger, Coordinator]:
     ledger = Ledger.connect(url, check=False)
     ledger.upgrade()
     epoch = ledger.plan_epoch("p", [RANGE], [("out", "s0-t0")])
-    ref = SliceRef(spec, epoch.number, 0, (RANGE,), "127.0.0.1:1")
     settings = Settings(tmp_path, "127.0.0.1:1", "postgresql://x@127.0.0.1:1/x", url)
+    ref = SliceRef(spec, epoch.number, 0, (RANGE,), "127.0.0.1:1", settings=settings)
     return ref, sink, ledger, Coordinator.for_pipeline(spec, ledger, settings)
 
 

@@ -90,7 +90,7 @@ def run_action(
     lines: list[str] = []
     try:
         # 2.
-        spec = (find_spec or find_pipeline)(pipeline)
+        spec = find_spec(pipeline) if find_spec else find_pipeline(pipeline, settings.pipelines)
         coordinator = Coordinator.for_pipeline(spec, ledger, settings, log=lines.append)
         # 3.
         if name == "recover":

@@ -215,11 +215,11 @@ def lag_view(
     return {"partitions": partitions, "total": sum(known) if known else None, "kafka": kafka}
 
 
-def pipeline_names(ledger: Ledger) -> list[str]:
-    """Every pipeline the ledger has epochs of or ONCEFLOW_PIPELINES lists, sorted."""
+def pipeline_names(ledger: Ledger, pipelines: Sequence[str]) -> list[str]:
+    """Every pipeline the ledger has epochs of or ``pipelines`` (ONCEFLOW_PIPELINES) lists, sorted."""
     from onceflow.catalog import listed_pipelines
 
-    return sorted({*ledger.pipelines(), *listed_pipelines()})
+    return sorted({*ledger.pipelines(), *listed_pipelines(pipelines)})
 
 
 def pipeline_view(
@@ -228,13 +228,14 @@ def pipeline_view(
     now: datetime,
     *,
     bootstrap: str,
+    pipelines: Sequence[str],
     last: int | None = 20,
     kafka_timeout: float = 3.0,
 ) -> dict[str, Any]:
-    """Everything the console page shows of one pipeline."""
+    """Everything the console page shows of one pipeline (``pipelines``: ONCEFLOW_PIPELINES' specs)."""
     from onceflow.catalog import known_pipeline
 
-    spec = known_pipeline(ledger, pipeline)  # an unknown name is an error listing the known ones
+    spec = known_pipeline(ledger, pipeline, pipelines)  # an unknown name is an error listing the known ones
     return {
         "pipeline": pipeline,
         "spec_known": spec is not None,

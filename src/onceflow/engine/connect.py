@@ -1,9 +1,10 @@
 """The process step as a Spark Connect client: slices sent to a long-lived Spark Connect server.
 
-spark-submit starts a JVM for every slice of every epoch. With ``ONCEFLOW_SPARK_REMOTE`` set (the
-``sc://host:port`` that ``infra/spark.sh start`` prints), the caller's process is the slice's driver
-instead: it runs the very steps of `onceflow.engine.slice_job` on one Spark Connect session, kept warm
-across slices and epochs, and keeps the ledger connection and the committables to itself as before.
+spark-submit starts a JVM for every slice of every epoch. With a Spark Connect server configured
+(`Settings.spark_remote`, from ``ONCEFLOW_SPARK_REMOTE``: the ``sc://host:port`` that ``infra/spark.sh
+start`` prints), the caller's process is the slice's driver instead: it runs the very steps of
+`onceflow.engine.slice_job` on one Spark Connect session, kept warm across slices and epochs, and keeps
+the ledger connection and the committables to itself as before.
 
 What the server's Python workers need from the pipeline:
 - onceflow itself is installed beside them (the runtime's Python is the project's virtualenv);
@@ -37,7 +38,7 @@ import tempfile
 import threading
 import uuid
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,6 @@ from onceflow.errors import ConfigError
 from onceflow.executor.slices import SliceRef
 from onceflow.pipeline import Pipeline
 
-REMOTE_ENV = "ONCEFLOW_SPARK_REMOTE"
 # Installed in the runtime but not under this Python's prefix (an editable install): never shipped,
 # a second copy would shadow the first. Everything under the prefix (site-packages) is installed too.
 INSTALLED_PACKAGES = frozenset({"onceflow"})
@@ -68,19 +68,6 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed, so that the same sources make the sa
 _SESSION_NAMESPACE = uuid.UUID("6f1c3d2a-9b7e-5c41-8a0d-0f5e2b7c9d13")
 # Generations tried before giving up on joining (each closed one costs a round trip).
 _MAX_GENERATIONS = 64
-
-
-def spark_remote(env: Mapping[str, str] | None = None) -> str | None:
-    """The Spark Connect server to send slices to (``ONCEFLOW_SPARK_REMOTE``), or None for spark-submit."""
-    value = (os.environ if env is None else env).get(REMOTE_ENV, "").strip()
-    if not value:
-        return None
-    if not value.startswith("sc://"):
-        raise ConfigError(
-            f"{REMOTE_ENV}={redact.url(value)!r} is not a Spark Connect URL: use sc://host:port "
-            "(infra/spark.sh start prints the local one)"
-        )
-    return value
 
 
 def slice_tag(pipeline: str, epoch: int, slice_number: int, attempt_token: str) -> str:

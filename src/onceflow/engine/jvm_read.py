@@ -20,7 +20,6 @@ letters (``tests/integration/engine/test_jvm_conformance.py`` runs both on one h
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from onceflow.executor.arrow_rows import arrow_schema, row_batches
 from onceflow.executor.reading import read_task
 from onceflow.executor.rejected import RAW_COLUMNS, decode_rejected, with_dead_letters
 from onceflow.executor.slices import SliceRef
-from onceflow.faults import CRASH_AT_ENV, PAUSE_AT_ENV
+from onceflow.faults import plan_armed
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import JsonFormat
 from onceflow.records import row_columns, spark_schema
@@ -73,12 +72,6 @@ class DecodedRead:
     cached: Any = None  # the DataFrame to keep while the slice runs (the read is computed once)
 
 
-def fault_plan_armed(env: dict[str, str] | None = None) -> bool:
-    """Whether crash or pause points are armed (they sit in the Python reader)."""
-    environ = os.environ if env is None else env
-    return bool(environ.get(CRASH_AT_ENV, "").strip() or environ.get(PAUSE_AT_ENV, "").strip())
-
-
 @contextmanager
 def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Iterator[DecodedRead]:
     """The slice's records, rows and dead letters together; its cache is released on exit.
@@ -97,7 +90,7 @@ def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Iterat
 def _choose(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> DecodedRead:
     fmt = ref.pipeline.format
     reason = None
-    if fault_plan_armed():
+    if plan_armed():  # crash and pause points sit in the Python reader
         reason = "a fault plan is armed"
     elif isinstance(fmt, JsonFormat) and any(_SENTINEL in name for name, _, _ in row_columns(fmt)):
         reason = "a schema field name holds U+0001"

@@ -4,37 +4,33 @@ The same `Coordinator` steps the DAG's tasks call; the runner owns each epoch it
 owner's lease alive while its slices run, so a concurrent runner waits for it and ``onceflow recover``
 never rolls it back.
 
-Slices run on Spark through a long-lived Spark Connect server when ``ONCEFLOW_SPARK_REMOTE`` is set
-(``executor="connect"`` insists on it), through one spark-submit per slice otherwise
-(``executor="submit"`` insists on that), or in this process without Spark (``executor="local"``).
+Slices run on Spark through a long-lived Spark Connect server when the settings name one
+(``spark_remote``; ``executor="connect"`` insists on it), through one spark-submit per slice otherwise
+(``executor="submit"`` insists on that), or in this process without Spark (``executor="local"``); see
+`onceflow.engine.executors`, which the DAG's process task asks too.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, TypeAlias
 
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator, EpochOwned
-from onceflow.engine.connect import connect_sessions, pipeline_modules, spark_remote
+from onceflow.engine.connect import connect_sessions, pipeline_modules
+from onceflow.engine.executors import Executor, SliceRunner, slice_runner_for
 from onceflow.engine.failures import cause_in_output, failure_line
 from onceflow.engine.local_slice import check_local, run_slice_local
 from onceflow.engine.slice_job import run_slice
 from onceflow.engine.submit import submit_slice
-from onceflow.errors import ConfigError, OnceflowError
+from onceflow.errors import OnceflowError
 from onceflow.ledger import Epoch, Ledger
+from onceflow.logs import Log, quiet
 from onceflow.owners import owner_of_this_process
 from onceflow.pipeline import Pipeline, load_pipeline
 from onceflow.step_results import PlanResult, RecoveryReport
-
-# "spark": Spark Connect when a remote is set, else spark-submit; the others choose one way.
-Executor: TypeAlias = Literal["spark", "connect", "submit", "local"]
-SliceRunner: TypeAlias = Literal["connect", "submit", "local"]
-Log = Callable[[str], None]
 
 
 class ProcessFailed(OnceflowError):
@@ -50,22 +46,6 @@ class EpochOutcome:
     executor: SliceRunner = "submit"
     # Wall time of each step in seconds: "plan" (with recover), "process" (every slice), "commit".
     steps: dict[str, float] = field(default_factory=dict)
-
-
-def _quiet(_: str) -> None:
-    return None
-
-
-def slice_runner(executor: Executor, remote: str | None) -> SliceRunner:
-    """How slices run: ``spark`` means the Spark Connect server when one is configured."""
-    if executor == "connect" and remote is None:
-        raise ConfigError(
-            "executor 'connect' needs a Spark Connect server: set ONCEFLOW_SPARK_REMOTE=sc://host:port "
-            "(infra/spark.sh start starts one and prints it)"
-        )
-    if executor == "spark":
-        return "connect" if remote is not None else "submit"
-    return executor
 
 
 def _plan_when_free(
@@ -100,29 +80,28 @@ def _plan_when_free(
 
 def run_epoch(
     pipeline_path: str,
-    settings: Settings | None = None,
+    settings: Settings,
     *,
     data_interval: tuple[datetime, datetime] | None = None,
     max_records_per_partition: int | None = None,
     run_id: str | None = None,
-    executor: Executor = "spark",
+    executor: Executor | None = None,
     spark_remote_url: str | None = None,
     wait_s: float | None = None,
-    log: Log = _quiet,
+    log: Log = quiet,
 ) -> EpochOutcome:
     """recover -> plan -> process every slice -> commit (or abort when a slice fails).
 
     1. Recover: finish or roll back what a crashed owner left (a live owner's epoch is kept).
     2. Plan this run's epoch, waiting for a live owner's epoch to finish first.
-    3. Process each slice (on the Spark Connect server ``spark_remote_url``, default
-       ``ONCEFLOW_SPARK_REMOTE``; with spark-submit; or, ``executor="local"``, in this process for
-       pipelines without transform and state), keeping the lease alive meanwhile.
+    3. Process each slice (on the Spark Connect server ``spark_remote_url``, default the settings'
+       ``spark_remote``; with spark-submit; or, ``executor="local"``, in this process for pipelines
+       without transform and state), keeping the lease alive meanwhile. ``executor`` defaults to the
+       settings' ``executor``.
     4. Commit, or abort with the first slice failure's cause as the reason.
     """
-    settings = settings or Settings.from_env()
     spec: Pipeline = load_pipeline(pipeline_path)
-    remote = spark_remote_url or spark_remote()
-    runner = slice_runner(executor, remote)
+    runner, remote = slice_runner_for(settings, executor=executor, remote=spark_remote_url)
     if runner == "local":
         check_local(spec)
     run_id = run_id or f"runner__{uuid.uuid4().hex}"
@@ -186,13 +165,13 @@ def run_epoch(
 
 def run_until(
     pipeline_path: str,
-    settings: Settings | None = None,
+    settings: Settings,
     *,
     until_caught_up: bool = False,
     max_records_per_partition: int | None = None,
-    executor: Executor = "spark",
-    log: Log = _quiet,
-    progress: Log = _quiet,
+    executor: Executor | None = None,
+    log: Log = quiet,
+    progress: Log = quiet,
 ) -> list[EpochOutcome]:
     """One epoch, or epochs until one finds nothing new (``until_caught_up``), with a progress line
     per epoch: records, rate and the offsets left for later epochs."""

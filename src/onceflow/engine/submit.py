@@ -1,7 +1,8 @@
 """The process step through spark-submit: the command line, its arguments and environment, built once.
 
-The runner's `submit_slice` and the Airflow process operator (a ``SparkSubmitOperator``) both take the
-application, its arguments and the Spark settings from here, so the two never disagree.
+The runner's `submit_slice` and the Airflow process operator (a ``SparkSubmitOperator``, built by the DAG
+factory) both take the application, its arguments and the Spark settings from here, so the two never
+disagree.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from onceflow.config import Settings
+from onceflow.config import Settings, inherited_environment
 from onceflow.errors import debug_enabled
 
 # Spark's own logging at WARN (ONCEFLOW_DEBUG=1: Spark's default, INFO).
@@ -30,21 +31,26 @@ SPARK_CONF: dict[str, str] = {
 }
 # pyspark's switches to Spark Connect mode, which a spark-submit child must not inherit.
 CONNECT_MODE_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
+# The entry point's file in a spark_jobs folder, and the folder beside the code in a checkout.
+PROCESS_JOB = "onceflow_process.py"
+BESIDE_THE_CODE = Path(__file__).resolve().parents[3] / "spark_jobs"
 
 
-def spark_application() -> str:
-    """The spark-submit entry point: ONCEFLOW_SPARK_JOBS/onceflow_process.py, or the slice job module."""
-    jobs = os.environ.get("ONCEFLOW_SPARK_JOBS")
-    if jobs and (Path(jobs) / "onceflow_process.py").is_file():
-        return str(Path(jobs) / "onceflow_process.py")
+def spark_application(settings: Settings) -> str:
+    """The spark-submit entry point, for `onceflow run` and the DAGs alike.
+
+    ``onceflow_process.py`` in the configured folder (`Settings.spark_jobs`) as it is, since the
+    process that submits may see folders this one does not (a DAG parsed in another container); else
+    the one in the ``spark_jobs/`` folder beside the code (a checkout); else the slice job module itself
+    (an installed onceflow), which is the same entry point.
+    """
+    if settings.spark_jobs is not None:
+        return str(settings.spark_jobs / PROCESS_JOB)
+    if (BESIDE_THE_CODE / PROCESS_JOB).is_file():
+        return str(BESIDE_THE_CODE / PROCESS_JOB)
     from onceflow.engine import slice_job
 
     return str(Path(slice_job.__file__))
-
-
-def spark_master() -> str:
-    """ONCEFLOW_SPARK_MASTER, else local[2]; ``local[N,F]`` lets Spark retry a failed task F-1 times."""
-    return os.environ.get("ONCEFLOW_SPARK_MASTER") or "local[2]"
 
 
 def application_args(pipeline_path: str, epoch: int, slice_number: int, attempt_token: str) -> list[str]:
@@ -58,9 +64,9 @@ def application_args(pipeline_path: str, epoch: int, slice_number: int, attempt_
 
 
 def spark_environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for spark-submit: the settings, this venv's spark-submit and Python (driver and
-    executors), and this process's import path, so the pipeline's modules import the same way."""
-    env = dict(os.environ if base is None else base)
+    """Environment for spark-submit: ``base`` (default: this process's), the settings, this venv's
+    spark-submit and Python (driver and executors), so the pipeline's modules import the same way."""
+    env = dict(inherited_environment() if base is None else base)
     # A spark-submit slice job is a classic driver, even when this process also holds a Spark Connect
     # session (pyspark then marks its own environment as Connect mode, which a child would inherit).
     for key in CONNECT_MODE_ENV:
@@ -73,14 +79,22 @@ def spark_environment(settings: Settings, base: Mapping[str, str] | None = None)
 
 
 def submit_command(
-    pipeline_path: str, epoch: int, slice_number: int, attempt_token: str, *, master: str | None = None
+    pipeline_path: str,
+    epoch: int,
+    slice_number: int,
+    attempt_token: str,
+    settings: Settings,
+    *,
+    master: str | None = None,
 ) -> list[str]:
+    """spark-submit of one slice on ``master``, default the settings' (``local[N,F]`` lets Spark retry
+    a failed task F-1 times)."""
     conf = [part for key, value in SPARK_CONF.items() for part in ("--conf", f"{key}={value}")]
     return [
         "spark-submit",
-        "--master", master or spark_master(),
+        "--master", master or settings.spark_master,
         *conf,
-        spark_application(),
+        spark_application(settings),
         *application_args(pipeline_path, epoch, slice_number, attempt_token),
     ]  # fmt: skip
 
@@ -97,5 +111,5 @@ def submit_slice(
     """spark-submit one slice of an epoch and wait for it."""
     env = spark_environment(settings)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
-    command = submit_command(pipeline_path, epoch, slice_number, attempt_token, master=master)
+    command = submit_command(pipeline_path, epoch, slice_number, attempt_token, settings, master=master)
     return subprocess.run(command, env=env, capture_output=True, text=True, check=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from onceflow.config import Settings
 from onceflow.offsets import OffsetRange
@@ -19,4 +19,5 @@ class SliceRef:
     slice_ranges: tuple[OffsetRange, ...]
     bootstrap: str
     replaces: tuple[int, ...] = ()  # committed epochs of the same interval whose output this one replaces
-    settings: Settings | None = None  # the deployment's settings, which fill sink configs' defaults
+    # The deployment's settings, which fill sink configs' defaults (the Kafka bootstrap, the DSN...).
+    settings: Settings = field(kw_only=True)

@@ -12,7 +12,7 @@ from onceflow.records import DeadLetter
 
 
 def where(pipeline: str, number: int) -> str:
-    """How every message names an epoch: ``epoch 3 of pipeline 'clicks'``."""
+    """How every message names an epoch, so the ledger's refusals and the coordinator's read alike."""
     return f"epoch {number} of pipeline {pipeline!r}"
 
 
@@ -42,8 +42,13 @@ class Epoch:
     def sinks(self) -> tuple[str, ...]:
         return tuple(sorted({sink for sink, _ in self.expected}))
 
+    @property
+    def where(self) -> str:
+        """The epoch's name in messages (`where`), without its status."""
+        return where(self.pipeline, self.number)
+
     def __str__(self) -> str:
-        return f"{where(self.pipeline, self.number)} ({self.status})"
+        return f"{self.where} ({self.status})"
 
 
 @dataclass(frozen=True)

@@ -117,8 +117,10 @@ class ConfigReader:
             raise ConfigError(f"{self.kind} sink config: unknown setting(s) {', '.join(map(repr, unknown))}")
 
 
-def default_pg_dsn() -> str:
-    """The stack's PostgreSQL, so a sink config may omit ``dsn`` when it writes next to the stack."""
-    from onceflow.config import Settings
-
-    return Settings.from_env().pg_dsn
+def deployment_default(kind: str, key: str, where: str) -> ConfigError:
+    """The error for a key that the kind's `SinkKind.defaults` fills from the deployment's settings when
+    the config is built with `SinkKind.config_for`, but that this config lacks (it was built by hand)."""
+    return ConfigError(
+        f"{kind} sink config: {key!r} is missing; set it, or build the config with "
+        f"SinkKind.config_for(sink, settings), which fills it from {where}"
+    )

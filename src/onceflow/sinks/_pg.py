@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
-from onceflow.sinks._config import ConfigReader, default_pg_dsn
+from onceflow.sinks._config import ConfigReader, deployment_default
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import RowError
 from onceflow.sinks.registry import SinkSetting
@@ -38,7 +38,9 @@ class PgTableConfig:
 
     @classmethod
     def read(cls, reader: ConfigReader) -> PgTableConfig:
-        dsn = reader.optional_string("dsn") or default_pg_dsn()
+        dsn = reader.optional_string("dsn")
+        if dsn is None:  # `pg_defaults` fills it with the deployment's PostgreSQL
+            raise deployment_default(reader.kind, "dsn", "Settings.pg_dsn (ONCEFLOW_PG_DSN)")
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise ConfigError(f"{reader.kind} sink config dsn: expected a postgresql:// URL")
         return cls(

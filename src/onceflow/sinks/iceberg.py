@@ -35,7 +35,7 @@ from onceflow import redact
 from onceflow.errors import ConfigError
 from onceflow.sinks import _iceberg_files as files
 from onceflow.sinks import _iceberg_table as tables
-from onceflow.sinks._config import ConfigReader
+from onceflow.sinks._config import ConfigReader, deployment_default
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import AlreadyCommitted, RowError, StagedOutputLost, WriterStateError
 from onceflow.sinks.registry import SinkKind, SinkSetting
@@ -113,10 +113,8 @@ class IcebergConfig:
 
     def open_catalog(self) -> Catalog:
         properties = dict(self.catalog_properties)
-        if not properties:
-            from onceflow.config import Settings
-
-            properties = default_catalog_properties(Settings.from_env().home)
+        if not properties:  # the kind's defaults fill them with the catalog under the deployment's home
+            raise deployment_default(KIND, "catalog_properties", "Settings.home (ONCEFLOW_HOME)")
         try:
             return tables.catalog(self.catalog, properties)
         except Exception as exc:

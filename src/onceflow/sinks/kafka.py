@@ -29,7 +29,7 @@ from onceflow.errors import ConfigError
 from onceflow.faults import crash_point
 from onceflow.kafka_clients import kafka_config
 from onceflow.names import check_name
-from onceflow.sinks._config import ConfigReader
+from onceflow.sinks._config import ConfigReader, deployment_default
 from onceflow.sinks._kafka_batches import json_records, raw_records
 from onceflow.sinks.base import Committable, Row
 from onceflow.sinks.errors import (
@@ -60,14 +60,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class KafkaSinkConfig:
-    """``topic``, ``staging_root`` (folder for staged records), ``bootstrap`` (default: the stack's),
-    ``transaction_timeout_ms`` (the producer's ``transaction.timeout.ms``, to compare with the pipeline's
-    transaction timeout at plan time), ``partition`` (fixed output partition; default: by key hash),
-    ``partitioner`` (librdkafka partitioner for keyed records, default ``murmur2_random`` as in Java
-    clients), ``group_id`` (default ``onceflow-{pipeline}``), ``timeout_s`` (per broker operation),
-    ``value_format`` ("raw": rows are exactly ``key`` and ``value``; "json": any row becomes a JSON
-    object, keyed by the text of column ``key_column`` when given), ``name`` (the sink name, narrowing
-    ``orphans``)."""
+    """``topic``, ``staging_root`` (folder for staged records), ``bootstrap`` (the kind's defaults fill
+    it with the deployment's Kafka), ``transaction_timeout_ms`` (the producer's
+    ``transaction.timeout.ms``, to compare with the pipeline's transaction timeout at plan time),
+    ``partition`` (fixed output partition; default: by key hash), ``partitioner`` (librdkafka
+    partitioner for keyed records, default ``murmur2_random`` as in Java clients), ``group_id`` (default
+    ``onceflow-{pipeline}``), ``timeout_s`` (per broker operation), ``value_format`` ("raw": rows are
+    exactly ``key`` and ``value``; "json": any row becomes a JSON object, keyed by the text of column
+    ``key_column`` when given), ``name`` (the sink name, narrowing ``orphans``)."""
 
     topic: str
     staging_root: str
@@ -85,14 +85,10 @@ class KafkaSinkConfig:
     def from_mapping(cls, config: Mapping[str, Any]) -> KafkaSinkConfig:
         reader = ConfigReader(KIND, config)
         bootstrap = reader.optional_string("bootstrap")
-        if bootstrap is None:
-            from onceflow.config import Settings
-
-            bootstrap = Settings.from_env().kafka_bootstrap
         parsed = cls(
             topic=reader.string("topic"),
             staging_root=reader.path("staging_root"),
-            bootstrap=bootstrap,
+            bootstrap=bootstrap or "",
             transaction_timeout_ms=reader.integer("transaction_timeout_ms", 900_000, minimum=1000),
             partition=reader.optional_integer("partition"),
             partitioner=reader.string("partitioner", "murmur2_random"),
@@ -103,6 +99,8 @@ class KafkaSinkConfig:
             name=reader.optional_string("name"),
         )
         reader.finish()
+        if bootstrap is None:  # the kind's defaults fill it with the deployment's Kafka
+            raise deployment_default(KIND, "bootstrap", "Settings.kafka_bootstrap (ONCEFLOW_KAFKA_BOOTSTRAP)")
         if parsed.value_format not in VALUE_FORMATS:
             raise ConfigError(
                 f"{KIND} sink config value_format={parsed.value_format!r}: expected {VALUE_FORMATS}"

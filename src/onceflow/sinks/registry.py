@@ -117,11 +117,10 @@ class SinkKind:
     settings: tuple[SinkSetting, ...] = ()
     consumer_group: Callable[[Mapping[str, Any], str], str | None] = _no_group
 
-    def config_for(self, sink: SinkSpec, settings: Settings | None) -> dict[str, Any]:
+    def config_for(self, sink: SinkSpec, settings: Settings) -> dict[str, Any]:
         """The config a writer or committer of ``sink`` is built from: the kind's defaults from the
         settings, the sink's own config over them, and its name (which scopes its orphan scan)."""
-        base = {} if settings is None else self.defaults(settings)
-        return {**base, **sink.config, "name": sink.name}
+        return {**self.defaults(settings), **sink.config, "name": sink.name}
 
     def build_writer(self, config: Mapping[str, Any]) -> SinkWriter:
         """A writer for one task attempt; the config is validated here, naming any bad setting."""

@@ -18,16 +18,16 @@ from onceflow.sinks.files import committed_files
 STATE_TABLE = "state"
 
 
-def state_root(spec: Pipeline, settings: Settings | None = None) -> Path:
-    """The folder of the pipeline's snapshots: ``state.root``, else ``$ONCEFLOW_HOME/state/{pipeline}``."""
+def state_root(spec: Pipeline, settings: Settings) -> Path:
+    """The folder of the pipeline's snapshots: ``state.root``, else ``{settings.home}/state/{pipeline}``."""
     if spec.state is None:
         raise ValueError(f"pipeline {spec.name!r} declares no state")
     if spec.state.root is not None:
         return Path(spec.state.root) / spec.name
-    return (settings or Settings.from_env()).home / "state" / spec.name
+    return settings.home / "state" / spec.name
 
 
-def state_sink(spec: Pipeline, settings: Settings | None = None) -> SinkSpec | None:
+def state_sink(spec: Pipeline, settings: Settings) -> SinkSpec | None:
     """The internal sink that stages and commits the pipeline's state snapshot (None when stateless)."""
     if spec.state is None:
         return None
@@ -38,6 +38,6 @@ def state_sink(spec: Pipeline, settings: Settings | None = None) -> SinkSpec | N
     )
 
 
-def committed_state_files(spec: Pipeline, settings: Settings | None = None) -> list[Path]:
+def committed_state_files(spec: Pipeline, settings: Settings) -> list[Path]:
     """The Parquet files of the last committed snapshot (none before the first committed epoch)."""
     return committed_files(state_root(spec, settings) / STATE_TABLE)

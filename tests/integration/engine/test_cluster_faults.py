@@ -78,7 +78,7 @@ def _nothing_left(stack: dict[str, str], pg_connect, pipeline: str) -> None:  # 
     assert prepared_count(pg_connect, pipeline) == 0
     with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
         spec = load_pipeline(SLOW)
-        report = Coordinator(ledger, spec.name, committers_for(spec)).recover()
+        report = Coordinator(ledger, spec.name, committers_for(spec, Settings.from_env())).recover()
     assert report.orphans_aborted == ()
     assert list(Path(stack["ONCEFLOW_TEST_FILES"]).glob("_staging/**/*.parquet")) == []
 

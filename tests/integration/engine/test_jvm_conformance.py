@@ -231,7 +231,7 @@ def test_the_jvm_path_gives_the_python_readers_rows_and_dead_letters(
     _produce(settings.kafka_bootstrap, topic)
     ranges = _ranges(settings.kafka_bootstrap, topic)
     spec = _pipeline(topic, str(tmp_path), fmt)
-    ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap)
+    ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=settings)
     tasks = _tasks(spec, ranges)
 
     # Today's reader and decoder, task by task, in this process.
@@ -291,7 +291,7 @@ def test_a_fault_plan_keeps_the_python_reader(settings, make_topic, spark, tmp_p
     producer.flush(30)
     ranges = _ranges(settings.kafka_bootstrap, topic)
     spec = _pipeline(topic, str(tmp_path))
-    ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap)
+    ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=settings)
     tasks = _tasks(spec, ranges)
     with decoded_read(spark, ref, tasks) as read:
         assert read.path == JVM

@@ -137,7 +137,7 @@ def test_two_attempts_of_a_speculated_task_precommit_and_exactly_one_wins(
     # Exactly one won: the ledger registered the copy's attempt, and every good record is there once.
     with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
         registered = {p.attempt for p in ledger.participants(spec.name, outcome.epoch.number)}
-        report = Coordinator(ledger, spec.name, committers_for(spec)).recover()
+        report = Coordinator(ledger, spec.name, committers_for(spec, Settings.from_env())).recover()
     assert _attempt(copy) in registered and _attempt(slow) not in registered
     expected = sorted(o["id"] for o in data if o["amount"] > 0)
     assert delivered_ids(pg_connect, stack) == (expected, expected)

@@ -44,7 +44,7 @@ def test_a_spark_task_killed_after_its_pre_commit_is_retried_and_the_driver_roll
     spec = load_pipeline(ORDERS)
     assert prepared_count(pg_connect, spec.name) == 0
     ledger = Ledger.connect(stack["ONCEFLOW_LEDGER_URL"])
-    report = Coordinator(ledger, spec.name, committers_for(spec)).recover()
+    report = Coordinator(ledger, spec.name, committers_for(spec, Settings.from_env())).recover()
     ledger.close()
     assert report.orphans_aborted == ()
     assert pg_ids(pg_connect, stack["ONCEFLOW_TEST_TABLE"]) == expected
