@@ -183,7 +183,14 @@ def _epoch(
             for number in planned.slices_with_tasks:
                 run_slice(spec, planned.epoch, number, planned.attempt_token, settings, session=sessions)
         for number in planned.slices_with_tasks if not remote else ():
-            result = submit_slice(SPEC_PATH, planned.epoch, number, planned.attempt_token, settings)
+            result = submit_slice(
+                SPEC_PATH,
+                planned.epoch,
+                number,
+                planned.attempt_token,
+                settings,
+                timeout_s=spec.transaction_timeout_s,
+            )
             if result.returncode != 0:
                 cause = cause_in_output(result.stdout + "\n" + result.stderr)
                 raise SliceFailed(f"epoch {planned.epoch} slice {number} exited {result.returncode}: {cause}")

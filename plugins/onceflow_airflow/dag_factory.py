@@ -143,6 +143,8 @@ def build_dag(
                 conf={**SPARK_CONF, **(spark_conf or {})},
                 env_vars={"PYSPARK_PYTHON": executor_python(), "PYSPARK_DRIVER_PYTHON": sys.executable},
                 retries=0,
+                # A hung slice must not hold the epoch's prepared transactions past their timeout.
+                execution_timeout=timedelta(seconds=spec.transaction_timeout_s),
                 **conns,
             )
             for number in range(spec.slices)

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from onceflow.config import Settings
-from onceflow.engine.connect import spark_remote
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Ledger
 from onceflow.sinks._iceberg_spark import spark_conf
@@ -92,7 +91,7 @@ def _cases(dead_port: int) -> dict[str, tuple[Callable[[], object], str]]:
             "Spark reads SQL catalogs in SQLite or PostgreSQL only",
         ),
         "Spark Connect URL with a token": (
-            lambda: spark_remote({"ONCEFLOW_SPARK_REMOTE": f"sc:/127.0.0.1:15002/;token={SECRET}"}),
+            lambda: Settings.from_env({"ONCEFLOW_SPARK_REMOTE": f"sc:/127.0.0.1:15002/;token={SECRET}"}),
             "is not a Spark Connect URL",
         ),
     }

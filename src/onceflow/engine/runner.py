@@ -24,7 +24,7 @@ from onceflow.engine.executors import Executor, SliceRunner, slice_runner_for
 from onceflow.engine.failures import cause_in_output, failure_line
 from onceflow.engine.local_slice import check_local, run_slice_local
 from onceflow.engine.slice_job import run_slice
-from onceflow.engine.submit import submit_slice
+from onceflow.engine.submit import SliceTimedOut, submit_slice
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Epoch, Ledger
 from onceflow.logs import Log, quiet
@@ -144,9 +144,18 @@ def run_epoch(
                     except Exception as exc:  # what a failed spark-submit reports by its exit status
                         failures.append(f"slice {slice_number} failed: {failure_line(exc)}")
                     continue
-                result = submit_slice(
-                    pipeline_path, epoch.number, slice_number, epoch.attempt_token, settings
-                )
+                try:
+                    result = submit_slice(
+                        pipeline_path,
+                        epoch.number,
+                        slice_number,
+                        epoch.attempt_token,
+                        settings,
+                        timeout_s=spec.transaction_timeout_s,
+                    )
+                except SliceTimedOut as exc:
+                    failures.append(str(exc))
+                    continue
                 if result.returncode != 0:
                     cause = cause_in_output(result.stdout + "\n" + result.stderr)
                     failures.append(f"slice {slice_number} exited {result.returncode}: {cause}")

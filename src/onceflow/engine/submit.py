@@ -7,14 +7,16 @@ disagree.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from onceflow.config import Settings, inherited_environment
-from onceflow.errors import debug_enabled
+from onceflow.errors import OnceflowError, debug_enabled
 
 # Spark's own logging at WARN (ONCEFLOW_DEBUG=1: Spark's default, INFO).
 QUIET_LOGGING = Path(__file__).with_name("spark-log4j2.properties")
@@ -99,6 +101,10 @@ def submit_command(
     ]  # fmt: skip
 
 
+class SliceTimedOut(OnceflowError):
+    """A spark-submit ran past the pipeline's transaction timeout and was killed, with its children."""
+
+
 def submit_slice(
     pipeline_path: str,
     epoch: int,
@@ -106,10 +112,30 @@ def submit_slice(
     attempt_token: str,
     settings: Settings,
     *,
+    timeout_s: float,
     master: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """spark-submit one slice of an epoch and wait for it."""
+    """spark-submit one slice of an epoch and wait for it, at most ``timeout_s``.
+
+    The bound is the pipeline's transaction timeout: a hung driver would otherwise keep the epoch's
+    lease renewed for ever while its prepared transactions hold their locks. Past it the whole process
+    group (spark-submit, its JVM and Python workers) is killed, and `SliceTimedOut` says so; what the
+    slice staged is rolled back by the abort that follows, or by the sweeper.
+    """
     env = spark_environment(settings)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
     command = submit_command(pipeline_path, epoch, slice_number, attempt_token, settings, master=master)
-    return subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise SliceTimedOut(
+                f"spark-submit of slice {slice_number} of epoch {epoch} ran past the pipeline's "
+                f"transaction timeout ({timeout_s:g} s) and was killed; the epoch is aborted and replayed"
+            ) from None
+    return subprocess.CompletedProcess(command, process.returncode, out, err)

@@ -211,7 +211,12 @@ def spark() -> Iterator[Any]:
     with socket.socket() as probe:
         probe.settimeout(2)
         if probe.connect_ex((host, int(port or 15002))) != 0:
-            pytest.skip(f"no Spark Connect server at {REMOTE}: start it with `infra/spark.sh start`")
+            # An integration test never skips: a skipped conformance test would prove nothing.
+            pytest.fail(
+                f"no Spark Connect server at {REMOTE}: run the suite with `make test`, or start it with "
+                "`infra/spark.sh start`",
+                pytrace=False,
+            )
     from pyspark.sql import SparkSession
 
     session = SparkSession.builder.remote(REMOTE).create()
