@@ -134,12 +134,16 @@ def get_dead_letters(
     text: str | None = None,
     epoch: int | None = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = read_model.DEAD_LETTER_LIMIT,
+    offset: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
-    """Committed dead letters, filtered by reason code, epoch and a text (DAG read access)."""
+    """Committed dead letters, filtered by reason code, epoch and a text, a page of ``limit`` from
+    ``offset`` (DAG read access)."""
     _require("GET", pipeline, request, user)
     ledger = _ledger(_settings().ledger_url)
     _known(ledger, pipeline)
-    return read_model.dead_letter_view(ledger, pipeline, epoch=epoch, code=code, text=text, limit=limit)
+    return read_model.dead_letter_view(
+        ledger, pipeline, epoch=epoch, code=code, text=text, limit=limit, offset=offset
+    )
 
 
 @app.get("/api/runs/{dag_id}/{run_id}")
@@ -247,9 +251,9 @@ def _render_console(request: Request, user: BaseUser, pipeline: str | None, raw:
         return page.render_console(None, readable, can_act=False, dag_id="", **args)
     try:
         epoch = int(filters["epoch"]) if filters.get("epoch") else None
-        view = read_model.pipeline_view(ledger, pipeline, now, bootstrap=settings.kafka_bootstrap)
-        view["dead_letters"] = read_model.dead_letter_view(
-            ledger, pipeline, epoch=epoch, code=filters.get("code"), text=filters.get("text")
+        letters = {"epoch": epoch, "code": filters.get("code"), "text": filters.get("text")}
+        view = read_model.pipeline_view(
+            ledger, pipeline, now, bootstrap=settings.kafka_bootstrap, dead_letter_filters=letters
         )
     except (ValueError, OnceflowError) as exc:
         return page.render_console(None, readable, can_act=False, dag_id="", problem=one_line(exc), **args)
