@@ -5,6 +5,12 @@
 #   infra/spark.sh jars      resolve the Kafka source for this pyspark version into $ONCEFLOW_CACHE
 #   infra/spark.sh start     start what is not running, wait until the Connect server accepts a session,
 #                            then print ONCEFLOW_SPARK_REMOTE=sc://... on stdout (progress on stderr)
+#   infra/spark.sh env       print ONCEFLOW_SPARK_REMOTE=sc://... (for eval)
+# The Connect server answers only clients that present its token (a random one in
+# $ONCEFLOW_SPARK_DATA/connect.token, mode 600, made at the first start), which the printed remote
+# carries (sc://localhost:PORT/;token=...): the pyspark client sends a token without TLS only to
+# "localhost", so the remote names it so when ONCEFLOW_SPARK_HOST is loopback; on another address the
+# server runs without a token (Spark Connect serves no TLS) and says so.
 #   infra/spark.sh stop      stop by pid (SIGTERM, then SIGKILL); `stop --kill` sends SIGKILL at once
 #   infra/spark.sh status    exit 0 when every process runs and the Connect server answers
 set -euo pipefail
@@ -12,7 +18,23 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 RUN="$ONCEFLOW_SPARK_DATA"
-REMOTE="sc://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_CONNECT_PORT"
+TOKEN_FILE="$RUN/connect.token"
+case "$ONCEFLOW_SPARK_HOST" in
+  127.*|localhost|::1) SHOWN="sc://localhost:$ONCEFLOW_SPARK_CONNECT_PORT" ;;
+  *) SHOWN="sc://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_CONNECT_PORT"; TOKEN_FILE="" ;;
+esac
+# The remote with its token: printed for eval only, never in a message or a log.
+remote() {
+  if [ -n "$TOKEN_FILE" ] && [ -s "$TOKEN_FILE" ]; then
+    printf '%s/;token=%s' "$SHOWN" "$(cat "$TOKEN_FILE")"
+  else
+    printf '%s' "$SHOWN"
+  fi
+}
+make_token() {
+  [ -z "$TOKEN_FILE" ] || [ -s "$TOKEN_FILE" ] && return
+  (umask 077 && "$ONCEFLOW_SPARK_PYTHON" -c 'import secrets; print(secrets.token_hex(32))' > "$TOKEN_FILE")
+}
 MASTER_URL="spark://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_MASTER_PORT"
 read -r -a WORKER_HOSTS <<< "$ONCEFLOW_SPARK_WORKER_HOSTS"
 [ "${#WORKER_HOSTS[@]}" -eq 2 ] || onceflow_die \
@@ -100,11 +122,11 @@ worker_registered() { grep -q "Successfully registered with master" "$(logfile "
 # A session really answers: it is created and runs a job on the cluster's executors.
 session_answers() {
   onceflow_port_open "$ONCEFLOW_SPARK_HOST" "$ONCEFLOW_SPARK_CONNECT_PORT" || return 1
-  timeout 60 "$ONCEFLOW_SPARK_PYTHON" - "$REMOTE" <<'PY'
-import sys
+  ONCEFLOW_CHECK_REMOTE="$(remote)" timeout 60 "$ONCEFLOW_SPARK_PYTHON" - <<'PY'
+import os
 from pyspark.sql import SparkSession
 
-session = SparkSession.builder.remote(sys.argv[1]).create()
+session = SparkSession.builder.remote(os.environ["ONCEFLOW_CHECK_REMOTE"]).create()
 try:
     assert session.range(0, 4, 1, 2).count() == 4
 finally:
@@ -148,7 +170,14 @@ start_connect() {
   if ! alive connect && port_stays_taken "$ONCEFLOW_SPARK_CONNECT_PORT"; then
     onceflow_die "port $ONCEFLOW_SPARK_CONNECT_PORT is taken by another process; set ONCEFLOW_SPARK_CONNECT_PORT"
   fi
-  alive connect || onceflow_say "starting the Spark Connect server on $REMOTE (UI on http://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_UI_PORT)"
+  alive connect || onceflow_say "starting the Spark Connect server on $SHOWN (UI on http://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_UI_PORT)"
+  if [ -n "$TOKEN_FILE" ]; then
+    # In the server's environment (not its command line, which `ps` shows); unset again below.
+    SPARK_CONNECT_AUTHENTICATE_TOKEN="$(cat "$TOKEN_FILE")"
+    export SPARK_CONNECT_AUTHENTICATE_TOKEN
+  else
+    onceflow_say "ONCEFLOW_SPARK_HOST=$ONCEFLOW_SPARK_HOST is not loopback: the Connect server runs without a token"
+  fi
   local jar_list setting extra=()
   jar_list=$(compgen -G "$LIBS/*.jar" | paste -sd, -)
   for setting in $ONCEFLOW_SPARK_CONF; do
@@ -170,13 +199,15 @@ start_connect() {
     --conf "spark.ui.port=$ONCEFLOW_SPARK_UI_PORT" \
     --conf "spark.connect.execute.manager.detachedTimeout=$ONCEFLOW_SPARK_DETACHED_TIMEOUT" \
     ${extra[@]+"${extra[@]}"}
+  unset SPARK_CONNECT_AUTHENTICATE_TOKEN
 }
 
-remote_line() { printf 'ONCEFLOW_SPARK_REMOTE=%q\n' "$REMOTE"; }
+remote_line() { printf 'ONCEFLOW_SPARK_REMOTE=%q\n' "$(remote)"; }
 
 start() {
   jars
   mkdir -p "$RUN"
+  make_token
   write_config
   start_master
   local n
@@ -186,7 +217,7 @@ start() {
   done
   start_connect
   onceflow_wait_for "Spark Connect server" "$(pidfile connect)" 180 "$(logfile connect)" session_answers
-  onceflow_say "Spark is up: master $MASTER_URL, ${#WORKERS[@]} workers, Spark Connect on $REMOTE; logs in $RUN"
+  onceflow_say "Spark is up: master $MASTER_URL, ${#WORKERS[@]} workers, Spark Connect on $SHOWN; logs in $RUN"
   remote_line
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import urllib.request
 from collections.abc import Mapping
@@ -51,7 +52,8 @@ class SparkRuntime:
         if started.returncode != 0:
             said = [line for line in started.stderr.splitlines() if line.startswith("[onceflow]")]
             raise RuntimeError("infra/spark.sh start failed: " + "\n".join([*said, started.stderr[-2000:]]))
-        return started.stdout.strip().splitlines()[-1].split("=", 1)[1]
+        # The line is shell-quoted for eval (a token's ';' is escaped).
+        return shlex.split(started.stdout.strip().splitlines()[-1].split("=", 1)[1])[0]
 
     def stop(self, *, kill: bool = False) -> None:
         env = {**self.env, "ONCEFLOW_SPARK_DATA": str(self.data), "ONCEFLOW_SPARK_UI_PORT": str(self.ui_port)}

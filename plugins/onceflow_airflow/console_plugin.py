@@ -8,8 +8,10 @@ This module only wires them to Airflow:
   the page at ``/onceflow/``, a run's epoch at ``/onceflow/run``);
 * every route resolves the caller with Airflow's own ``get_user`` (the UI's session cookie or a
   ``Bearer`` token; neither: 401, and the page sends the browser to the login page) and checks the
-  pipeline's DAG (``onceflow_<pipeline>``) with Airflow's ``requires_access_dag``: reads need GET (DAG
-  read), commit / abort / recover need PUT (DAG edit); the auth manager in use decides (403 otherwise);
+  pipeline's DAGs with Airflow's ``requires_access_dag``: reads need GET (DAG read), commit / abort /
+  recover need PUT (DAG edit) on one of them; the auth manager in use decides (403 otherwise). A
+  pipeline's DAGs are those `build_dag` tagged ``onceflow:<pipeline>`` (whatever their dag_id), read
+  from Airflow's metadata DB; a pipeline without a DAG needs that access to every DAG;
 * ``external_views`` adds "Epochs" to the navigation and an "Epoch" tab to every DAG run's page.
 
 The ledger is the one the DAGs use: `OnceflowHook` (the ``onceflow_ledger`` connection, then
@@ -35,13 +37,13 @@ from onceflow.config import Settings
 from onceflow.console import actions, page, read_model
 from onceflow.errors import OnceflowError, one_line
 from onceflow.ledger import Ledger
+from onceflow_airflow.dag_factory import PIPELINE_TAG
 from onceflow_airflow.hooks import OnceflowHook
 
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.base_auth_manager import ResourceMethod
 
 URL_PREFIX = "/onceflow"
-DAG_PREFIX = "onceflow_"
 STATIC = Path(__file__).resolve().parent / "console"
 NAV_ROUTE = "onceflow-epochs"
 
@@ -49,13 +51,40 @@ app = FastAPI(title="onceflow epochs console", docs_url=None, redoc_url=None, op
 app.mount("/static", StaticFiles(directory=STATIC), name="onceflow-console-static")
 
 
+def dag_ids_of(pipeline: str) -> list[str]:
+    """The DAGs that run ``pipeline``: those `build_dag` tagged with its name (not stale), sorted.
+
+    Read from the DAGs themselves, not guessed from the name: `build_dag` takes any dag_id, and a DAG
+    named ``onceflow_<pipeline>`` may run something else."""
+    from airflow.models.dag import DagModel, DagTag
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        found = session.scalars(
+            select(DagTag.dag_id)
+            .join(DagModel, DagModel.dag_id == DagTag.dag_id)
+            .where(DagTag.name == f"{PIPELINE_TAG}{pipeline}", DagModel.is_stale.is_(False))
+            .order_by(DagTag.dag_id)
+        )
+        return list(found)
+
+
 def dag_id_of(pipeline: str) -> str:
-    """The DAG that runs ``pipeline``, as `build_dag` names it by default."""
-    return f"{DAG_PREFIX}{pipeline}"
+    """The pipeline's DAG for links (the first of `dag_ids_of`), or "" when no DAG runs it."""
+    return next(iter(dag_ids_of(pipeline)), "")
 
 
 def pipeline_of(dag_id: str) -> str | None:
-    return dag_id[len(DAG_PREFIX) :] if dag_id.startswith(DAG_PREFIX) else None
+    """The pipeline a DAG runs, from its `build_dag` tag; None for any other DAG."""
+    from airflow.models.dag import DagTag
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        tags = session.scalars(select(DagTag.name).where(DagTag.dag_id == dag_id)).all()
+    names = sorted(t[len(PIPELINE_TAG) :] for t in tags if t.startswith(PIPELINE_TAG))
+    return names[0] if names else None
 
 
 def _settings() -> Settings:
@@ -69,20 +98,27 @@ def _ledger(url: str) -> Ledger:
 
 
 def _may(method: ResourceMethod, pipeline: str, request: Request, user: BaseUser) -> bool:
-    try:
-        requires_access_dag(method, param_dag_id=dag_id_of(pipeline))(request, user)
-    except HTTPException:
-        return False
-    return True
+    """Whether ``user`` has ``method`` access to one of the pipeline's DAGs (to every DAG, when no DAG
+    runs the pipeline: only such users may act on a pipeline run from the CLI alone)."""
+    dag_ids = dag_ids_of(pipeline)
+    if not dag_ids:
+        return get_auth_manager().is_authorized_dag(method=method, user=user)
+    for dag_id in dag_ids:
+        try:
+            requires_access_dag(method, param_dag_id=dag_id)(request, user)
+        except HTTPException:
+            continue
+        return True
+    return False
 
 
 def _require(method: ResourceMethod, pipeline: str, request: Request, user: BaseUser) -> None:
-    """Airflow's DAG permission check on the pipeline's DAG; 403 names what was missing."""
+    """Airflow's DAG permission check on the pipeline's DAGs; 403 names what was missing."""
     if not _may(method, pipeline, request, user):
         need = "read" if method == "GET" else "edit"
+        dags = ", ".join(repr(d) for d in dag_ids_of(pipeline)) or "every DAG (no DAG runs this pipeline)"
         raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            f"forbidden: {user.get_name()} may not {need} the DAG {dag_id_of(pipeline)!r}",
+            status.HTTP_403_FORBIDDEN, f"forbidden: {user.get_name()} may not {need} the DAG {dags}"
         )
 
 
@@ -137,12 +173,16 @@ def get_dead_letters(
     text: str | None = None,
     epoch: int | None = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = read_model.DEAD_LETTER_LIMIT,
+    offset: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
-    """Committed dead letters, filtered by reason code, epoch and a text (DAG read access)."""
+    """Committed dead letters, filtered by reason code, epoch and a text, a page of ``limit`` from
+    ``offset`` (DAG read access)."""
     _require("GET", pipeline, request, user)
     ledger = _ledger(_settings().ledger_url)
     _known(ledger, pipeline)
-    return read_model.dead_letter_view(ledger, pipeline, epoch=epoch, code=code, text=text, limit=limit)
+    return read_model.dead_letter_view(
+        ledger, pipeline, epoch=epoch, code=code, text=text, limit=limit, offset=offset
+    )
 
 
 @app.get("/api/runs/{dag_id}/{run_id}")
@@ -252,11 +292,14 @@ def _render_console(request: Request, user: BaseUser, pipeline: str | None, raw:
         return page.render_console(None, readable, can_act=False, dag_id="", **args)
     try:
         epoch = int(filters["epoch"]) if filters.get("epoch") else None
+        letters = {"epoch": epoch, "code": filters.get("code"), "text": filters.get("text")}
         view = read_model.pipeline_view(
-            ledger, pipeline, now, bootstrap=settings.kafka_bootstrap, pipelines=settings.pipelines
-        )
-        view["dead_letters"] = read_model.dead_letter_view(
-            ledger, pipeline, epoch=epoch, code=filters.get("code"), text=filters.get("text")
+            ledger,
+            pipeline,
+            now,
+            bootstrap=settings.kafka_bootstrap,
+            pipelines=settings.pipelines,
+            dead_letter_filters=letters,
         )
     except (ValueError, OnceflowError) as exc:
         return page.render_console(None, readable, can_act=False, dag_id="", problem=one_line(exc), **args)

@@ -36,6 +36,9 @@ from onceflow_airflow.triggers import NewRecordsTrigger
 DEFAULT_START = datetime(2024, 1, 1)
 # schedule=ON_NEW_RECORDS: run when the pipeline's topics hold records beyond its committed position.
 ON_NEW_RECORDS = "on_new_records"
+# Every DAG the factory builds carries the tag PIPELINE_TAG + the pipeline's name, whatever its dag_id:
+# the epochs console finds a pipeline's DAGs (and checks permissions on them) by this tag.
+PIPELINE_TAG = "onceflow:"
 
 
 def new_records_asset(
@@ -107,7 +110,7 @@ def build_dag(
         start_date=start_date,
         catchup=catchup,
         max_active_runs=1,
-        tags=["onceflow", *tags],
+        tags=["onceflow", f"{PIPELINE_TAG}{spec.name}", *tags],
         doc_md=doc_md or f"onceflow pipeline `{spec.name}` (`{pipeline}`): one DAG run is one epoch.",
         default_args={"retries": retries, "retry_delay": retry_delay},
         params={

@@ -71,19 +71,26 @@ def find(
     return ledger.dead_letters(pipeline, epoch=epoch)
 
 
-def preview(data: bytes | None, limit: int = PREVIEW_CHARS) -> str:
-    """A short, printable view of a key or value: its text if it is UTF-8, else its first bytes in hex."""
+def preview(data: bytes | None, limit: int = PREVIEW_CHARS, *, size: int | None = None) -> str:
+    """A short, printable view of a key or value: its text if it is UTF-8, else its first bytes in hex.
+
+    ``data`` may be only the start of a longer value of ``size`` bytes (what a list reads): a character
+    cut at its end does not make it "not UTF-8"."""
     if data is None:
         return "(none)"
-    size = f"{len(data)} bytes"
+    whole = len(data) if size is None else size
+    size_text = f"{whole} bytes"
     try:
         text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        shown = data[: limit // 2].hex(" ")
-        more = "…" if len(data) > limit // 2 else ""
-        return f"0x{shown}{more} ({size}, not UTF-8)"
-    shown = text if len(text) <= limit else text[:limit] + "…"
-    return f"{shown!r} ({size})"
+    except UnicodeDecodeError as exc:
+        cut = whole > len(data) and exc.reason == "unexpected end of data"
+        if not cut:
+            shown = data[: limit // 2].hex(" ")
+            more = "…" if whole > limit // 2 else ""
+            return f"0x{shown}{more} ({size_text}, not UTF-8)"
+        text = data[: exc.start].decode("utf-8")
+    shown = text if len(text) <= limit and whole == len(data) else text[:limit] + "…"
+    return f"{shown!r} ({size_text})"
 
 
 def describe(stored: StoredDeadLetter) -> str:

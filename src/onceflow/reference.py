@@ -50,7 +50,9 @@ _PIPELINE_ARGS = {
     "max_records_per_partition": "offsets an epoch reads per partition, at most",
     "max_records_per_task": "offsets one read task covers, at most",
     "max_record_bytes": "key plus value size above which a record is a dead letter (`oversized`)",
-    "transaction_timeout_s": "how long staged transactions may stay open",
+    "transaction_timeout_s": "how long staged transactions may stay open, and so the longest a slice may "
+    "run (a hung spark-submit is killed with its JVM and workers and the epoch aborted; a DAG's process "
+    "tasks get it as `execution_timeout`)",
     "on_rerun": "re-running a committed data interval: `skip`, or `replace` its output",
 }
 

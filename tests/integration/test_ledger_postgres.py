@@ -8,6 +8,7 @@ import pytest
 from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, Ledger, SchemaMismatch
 from onceflow.offsets import OffsetRange
+from tests.unit.test_dead_letter_pages import check_pages
 from tests.unit.test_ledger import check_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades
 from tests.unit.test_ledger_state_machine import run_machine
 
@@ -39,3 +40,7 @@ def test_postgresql_itself_refuses_a_second_open_epoch(pg_ledger: Ledger, pg_dat
 
 def test_random_interleavings_keep_every_invariant_on_postgresql(pg_ledger: Ledger) -> None:
     run_machine(pg_ledger, max_examples=12)
+
+
+def test_dead_letter_pages_on_postgresql(pg_ledger: Ledger) -> None:
+    check_pages(pg_ledger)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,6 +15,17 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW_SERVICES = {"airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
+# The interface compose publishes ports on: a container matter, the local scripts bind loopback anyway.
+COMPOSE_ONLY = {"ONCEFLOW_BIND"}
+# What compose refuses to start without, unless the local profile's env file gives it.
+SECRETS = {
+    "ONCEFLOW_PG_PASSWORD",
+    "AIRFLOW_ADMIN_PASSWORD",
+    "AIRFLOW_JWT_SECRET",
+    "AIRFLOW_FERNET_KEY",
+    "AIRFLOW_API_SECRET_KEY",
+}
+LOCAL_ENV = ROOT / "docker" / "local.env"
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +102,7 @@ def test_dockerfiles_copy_only_existing_paths() -> None:
 def test_same_variable_names_as_the_local_scripts(compose) -> None:
     local = _env_sh_variables()
     text = (ROOT / "docker-compose.yml").read_text()
-    used = set(re.findall(r"\b(ONCEFLOW_[A-Z_]+)\b", text))
+    used = set(re.findall(r"\b(ONCEFLOW_[A-Z_]+)\b", text)) - COMPOSE_ONLY
     assert used <= local, f"compose uses variables the local scripts do not define: {used - local}"
     onceflow_env = compose["x-onceflow-env"]
     assert {"ONCEFLOW_KAFKA_BOOTSTRAP", "ONCEFLOW_PG_DSN", "ONCEFLOW_LEDGER_URL"} <= set(onceflow_env)
@@ -117,7 +129,7 @@ def test_default_ports_match_the_local_scripts(compose) -> None:
     kafka_port = re.search(r"ONCEFLOW_KAFKA_PORT:-(\d+)", env_sh).group(1)
     pg_port = re.search(r"ONCEFLOW_PG_PORT:-(\d+)", env_sh).group(1)
     assert f"${{ONCEFLOW_KAFKA_PORT:-{kafka_port}}}" in compose["services"]["kafka"]["ports"][0]
-    assert compose["services"]["postgres"]["ports"][0].startswith(f"${{ONCEFLOW_PG_PORT:-{pg_port}}}")
+    assert f"${{ONCEFLOW_PG_PORT:-{pg_port}}}:5432" in compose["services"]["postgres"]["ports"][0]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -154,8 +166,15 @@ def interpolate(text: str, env: dict[str, str]) -> str:
     return _INTERPOLATION.sub(one, text)
 
 
-def render(env: dict[str, str] | None = None) -> dict[str, Any]:
-    env = env or {}
+def local_env() -> dict[str, str]:
+    """The local profile: docker/local.env as ``docker compose --env-file`` reads it."""
+    lines = LOCAL_ENV.read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+def render(env: dict[str, str] | None = None, *, local: bool = True) -> dict[str, Any]:
+    """docker-compose.yml rendered against ``env``, over the local profile's values if ``local``."""
+    env = {**(local_env() if local else {}), **(env or {})}
 
     def walk(node: Any) -> Any:
         if isinstance(node, dict):
@@ -342,17 +361,21 @@ def test_rendered_ports_and_settings_match_the_local_scripts() -> None:
     defaults = _env_sh_defaults()
     text = (ROOT / "docker-compose.yml").read_text()
     for name, default in re.findall(r"\$\{(ONCEFLOW_[A-Z_]+):-([^}]*)\}", text):
+        if name in COMPOSE_ONLY:
+            continue
         assert defaults.get(name) == default, (
             f"compose defaults {name} to {default!r}, env.sh {defaults.get(name)!r}"
         )
+    for name, value in local_env().items():  # the local profile's values are the local scripts'
+        assert name not in defaults or defaults[name] == value, f"local.env sets {name} to {value!r}"
     rendered = render()
     kafka_port = defaults["ONCEFLOW_KAFKA_PORT"]
-    assert f"{kafka_port}:{kafka_port}" in rendered["services"]["kafka"]["ports"]
+    assert f"127.0.0.1:{kafka_port}:{kafka_port}" in rendered["services"]["kafka"]["ports"]
     assert (
         f"HOST://localhost:{kafka_port}"
         in rendered["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     )
-    assert f"{defaults['ONCEFLOW_PG_PORT']}:5432" in rendered["services"]["postgres"]["ports"]
+    assert f"127.0.0.1:{defaults['ONCEFLOW_PG_PORT']}:5432" in rendered["services"]["postgres"]["ports"]
     user, password, database = (defaults[f"ONCEFLOW_PG_{k}"] for k in ("USER", "PASSWORD", "DATABASE"))
     env = rendered["services"]["airflow-scheduler"]["environment"]
     assert env["ONCEFLOW_PG_DSN"] == f"postgresql://{user}:{password}@postgres:5432/{database}"
@@ -362,7 +385,7 @@ def test_rendered_ports_and_settings_match_the_local_scripts() -> None:
     )
     # Overridden in the environment, the same variable moves every place that uses it.
     moved = render({"ONCEFLOW_KAFKA_PORT": "29092", "ONCEFLOW_PG_USER": "me"})
-    assert "29092:29092" in moved["services"]["kafka"]["ports"]
+    assert "127.0.0.1:29092:29092" in moved["services"]["kafka"]["ports"]
     assert moved["services"]["spark-worker"]["environment"]["ONCEFLOW_PG_DSN"].startswith("postgresql://me:")
 
 
@@ -390,7 +413,7 @@ def test_the_spark_connect_server_runs_as_the_local_scripts_run_it(compose) -> N
 
     env_sh = (ROOT / "infra" / "env.sh").read_text()
     port = re.search(r"ONCEFLOW_SPARK_CONNECT_PORT:-(\d+)", env_sh)
-    assert port and connect["ports"][0] == f"${{ONCEFLOW_SPARK_CONNECT_PORT:-{port.group(1)}}}:15002"
+    assert port and connect["ports"][0].endswith(f":${{ONCEFLOW_SPARK_CONNECT_PORT:-{port.group(1)}}}:15002")
     conn = compose["x-airflow"]["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]
     assert '"conn_type": "spark_connect"' in conn and '"host": "sc://spark-connect"' in conn
     assert '"port": 15002' in conn
@@ -460,7 +483,7 @@ def test_the_compose_cluster_runs_the_brokers_the_local_cluster_runs() -> None:
         # Clients on the host reach broker n where they reach it locally.
         host_port = re.search(r":(\d+)$", local["advertised.listeners"]).group(1)
         assert interpolate(env["KAFKA_ADVERTISED_LISTENERS"], {}).endswith(f"HOST://localhost:{host_port}")
-        assert interpolate(services[name]["ports"][0], {}) == f"{host_port}:{host_port}"
+        assert interpolate(services[name]["ports"][0], {}) == f"127.0.0.1:{host_port}:{host_port}"
         assert env["KAFKA_ADVERTISED_LISTENERS"].startswith(f"PLAINTEXT://{name}:9092,")
     volumes = [services[name]["volumes"][0].split(":")[0] for name in brokers.values()]
     assert len(set(volumes)) == 3 and set(volumes) <= set(merged["volumes"])
@@ -468,3 +491,47 @@ def test_the_compose_cluster_runs_the_brokers_the_local_cluster_runs() -> None:
         bootstrap = service.get("environment", {}).get("ONCEFLOW_KAFKA_BOOTSTRAP")
         if bootstrap is not None:
             assert sorted(bootstrap.split(",")) == sorted(f"{b}:9092" for b in brokers.values()), name
+
+
+def _published(services: dict[str, Any], env: dict[str, str]) -> dict[str, list[str]]:
+    return {
+        name: [interpolate(str(port), env) for port in service.get("ports", [])]
+        for name, service in services.items()
+        if service.get("ports")
+    }
+
+
+@pytest.mark.parametrize("merged", [False, True], ids=["single-broker", "cluster"])
+def test_every_published_port_is_on_loopback_unless_the_user_says_otherwise(merged: bool) -> None:
+    """Kafka without authentication, PostgreSQL's superuser, Spark Connect and Airflow: nothing is
+    reachable from other machines by default; ONCEFLOW_BIND chooses the interface."""
+    services = (_cluster_compose() if merged else _load("docker-compose.yml"))["services"]
+    published = _published(services, local_env())
+    assert {"kafka", "postgres", "spark-connect", "airflow-api-server"} <= set(published)
+    for name, ports in published.items():
+        for port in ports:
+            assert port.startswith("127.0.0.1:") and port.count(":") == 2, f"{name} publishes {port}"
+    for name, ports in _published(services, {**local_env(), "ONCEFLOW_BIND": "0.0.0.0"}).items():
+        assert all(port.startswith("0.0.0.0:") for port in ports), name
+
+
+@pytest.mark.parametrize("secret", sorted(SECRETS))
+def test_secrets_are_required_outside_the_local_profile(secret: str) -> None:
+    """Without the local profile's env file, compose refuses to start without each secret, naming it."""
+    assert set(local_env()) == SECRETS
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert re.findall(rf"\$\{{{secret}:-", text) == [], f"{secret} has a default in docker-compose.yml"
+    partial = {k: v for k, v in local_env().items() if k != secret}
+    with pytest.raises(ValueError, match=rf"required variable {secret} is missing: set {secret}"):
+        render(partial, local=False)
+    rendered = render({secret: "s3cret-of-mine"})
+    found = json.dumps(rendered)
+    assert "s3cret-of-mine" in found
+
+
+def test_the_admin_password_is_the_one_the_user_sets() -> None:
+    init = render({"AIRFLOW_ADMIN_PASSWORD": "pw"})["services"]["airflow-init"]
+    assert init["environment"]["AIRFLOW_ADMIN_PASSWORD"] == "pw"
+    assert "AIRFLOW__API_AUTH__JWT_SECRET" in init["environment"]  # and the shared settings stay
+    script = init["command"][-1]
+    assert 'os.environ["AIRFLOW_ADMIN_PASSWORD"]' in script and '"admin": "admin"' not in script

@@ -7,7 +7,7 @@ and tests need no clock).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -151,25 +151,30 @@ def dead_letter_view(
     code: str | None = None,
     text: str | None = None,
     limit: int = DEAD_LETTER_LIMIT,
+    offset: int = 0,
 ) -> dict[str, Any]:
     """The pipeline's committed dead letters (as ``onceflow dead-letters`` lists them), filtered by
-    epoch, reason code and a text found in the reason, the position or the payload preview; newest
-    epoch first, at most ``limit`` of them (``total`` counts every match)."""
-    needle = (text or "").strip().lower()
-    matches = []
-    for stored in ledger.dead_letters(pipeline, epoch=epoch):
-        row = dead_letters.as_dict(stored)
-        if code and row["code"] != code:
-            continue
-        where = f"{row['topic']}[{row['partition']}]@{row['offset']}"
-        if needle and needle not in f"{where} {row['reason']} {row['value_preview']}".lower():
-            continue
-        row.pop("key_base64")
-        row.pop("value_base64")  # whole payloads stay with `onceflow dead-letters --json`
-        row["key_preview"] = None if stored.letter.key is None else dead_letters.preview(stored.letter.key)
-        matches.append(row)
-    matches.sort(key=lambda r: (-r["epoch"], r["topic"], r["partition"], r["offset"]))
-    return {"total": len(matches), "shown": matches[:limit], "codes": sorted({r["code"] for r in matches})}
+    epoch, reason code and a text found in the reason, the position or the start of the payload; newest
+    epoch first, at most ``limit`` of them from ``offset`` on (``total`` counts every match). The ledger
+    filters, counts and pages, and reads only the start of each payload: a list costs its page."""
+    found = ledger.dead_letter_page(pipeline, epoch=epoch, code=code, text=text, limit=limit, offset=offset)
+    shown = [
+        {
+            "epoch": d.epoch,
+            "topic": d.topic,
+            "partition": d.partition,
+            "offset": d.offset,
+            "code": d.code,
+            "reason": d.reason,
+            "value_preview": dead_letters.preview(d.value_prefix, size=d.value_size),
+            "created_at": d.created_at.isoformat(timespec="seconds"),
+            "key_preview": None
+            if d.key_prefix is None
+            else dead_letters.preview(d.key_prefix, size=d.key_size),
+        }
+        for d in found.letters
+    ]
+    return {"total": found.total, "shown": shown, "codes": found.codes}
 
 
 def backlog(
@@ -231,8 +236,10 @@ def pipeline_view(
     pipelines: Sequence[str],
     last: int | None = 20,
     kafka_timeout: float = 3.0,
+    dead_letter_filters: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything the console page shows of one pipeline (``pipelines``: ONCEFLOW_PIPELINES' specs)."""
+    """Everything the console page shows of one pipeline (``pipelines``: ONCEFLOW_PIPELINES' specs; its
+    dead letters filtered by ``dead_letter_filters``, `dead_letter_view`'s keywords)."""
     from onceflow.catalog import known_pipeline
 
     spec = known_pipeline(ledger, pipeline, pipelines)  # an unknown name is an error listing the known ones
@@ -242,6 +249,6 @@ def pipeline_view(
         "epochs": epochs_view(ledger, pipeline, now, last=last),
         "in_doubt": in_doubt(ledger, pipeline, now),
         "lag": lag_view(ledger, pipeline, spec, bootstrap, timeout=kafka_timeout),
-        "dead_letters": dead_letter_view(ledger, pipeline),
+        "dead_letters": dead_letter_view(ledger, pipeline, **(dead_letter_filters or {})),
         "now": iso_time(now),
     }

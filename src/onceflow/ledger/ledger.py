@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from onceflow.committables import Committable
-from onceflow.ledger import retention, schema
+from onceflow.ledger import dead_letter_pages, retention, schema
 from onceflow.ledger.errors import (
     EpochInFlight,
     EpochNotPlanned,
@@ -761,6 +761,30 @@ class Ledger:
                 )
                 for r in s.scalars(stmt).all()
             ]
+
+    def dead_letter_page(
+        self,
+        pipeline: str,
+        *,
+        epoch: int | None = None,
+        code: str | None = None,
+        text: str | None = None,
+        limit: int = 200,
+        offset: int = 0,
+    ) -> dead_letter_pages.DeadLetterPage:
+        """One page of the committed dead letters, filtered and counted in the database without their
+        payloads (see `onceflow.ledger.dead_letter_pages`): what a list of them needs, however many."""
+        with self._tx() as s:
+            return dead_letter_pages.page(
+                s,
+                self.engine.dialect.name,
+                pipeline,
+                epoch=epoch,
+                code=code,
+                text=text,
+                limit=limit,
+                offset=offset,
+            )
 
     # ------------------------------------------------------------------------------------- retention
 

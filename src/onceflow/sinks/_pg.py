@@ -65,7 +65,12 @@ PG_TABLE_SETTINGS: tuple[SinkSetting, ...] = (
         "PostgreSQL URL (`postgresql://user:pw@host:port/db`) of the database that holds the table",
         default_from="`ONCEFLOW_PG_DSN` (in Airflow: the `onceflow_postgres` connection)",
     ),
-    SinkSetting("table", "string", "target table, `name` or `schema.name`", required=True),
+    SinkSetting(
+        "table",
+        "string",
+        "target table, `name` or `schema.name`; each part is taken as written (quoted: case kept)",
+        required=True,
+    ),
     SinkSetting(
         "columns",
         "columns",
@@ -84,10 +89,24 @@ PG_TABLE_SETTINGS: tuple[SinkSetting, ...] = (
 
 
 def table_identifier(name: str) -> sql.Composable:
-    """``schema.table`` or ``table`` as a quoted identifier."""
+    """``schema.table`` or ``table`` as a quoted identifier: ``"Schema"."Table"``.
+
+    The one form of a configured name, for creating a table and for finding it (`find_table`): quoted,
+    a mixed-case name keeps its case, where an unquoted lookup would fold it to lower case and miss it.
+    """
     from psycopg import sql
 
-    return sql.Identifier(*name.split("."))
+    parts = name.split(".")
+    if any(not part or "\x00" in part for part in parts):
+        raise ConfigError(f"table name {name!r}: expected `name` or `schema.name`")
+    return sql.Identifier(*parts)
+
+
+def find_table(conn: psycopg.Connection[Any], name: str) -> int | None:
+    """The oid of table ``name`` (as `table_identifier` quotes it), or None when it does not exist."""
+    quoted = table_identifier(name).as_string(conn)
+    found = conn.execute("SELECT to_regclass(%s)::oid", [quoted]).fetchone()
+    return None if found is None or found[0] is None else int(found[0])
 
 
 def column_list(names: Iterable[str]) -> sql.Composable:

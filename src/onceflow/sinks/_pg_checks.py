@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError, ServiceUnavailable, one_line
-from onceflow.sinks._pg import PgTableConfig
+from onceflow.sinks._pg import PgTableConfig, find_table
 
 if TYPE_CHECKING:
     import psycopg
@@ -60,8 +60,8 @@ def check_prepared_room(conn: psycopg.Connection[Any], sinks: Sequence[str], dsn
 def check_table(conn: psycopg.Connection[Any], sink: str, table: PgTableConfig) -> None:
     """The table exists (or the sink may create it) and has every configured column with its type;
     columns the config does not name are the table's own business (defaults, generated columns)."""
-    found = conn.execute("SELECT to_regclass(%s)::oid", [table.table]).fetchone()
-    if found is None or found[0] is None:
+    oid = find_table(conn, table.table)
+    if oid is None:
         if not table.create_table:
             raise ConfigError(
                 f"sink {sink!r}: table {table.table!r} does not exist at {server_of(table.dsn)} and the "
@@ -72,7 +72,7 @@ def check_table(conn: psycopg.Connection[Any], sink: str, table: PgTableConfig) 
         conn.execute(
             "SELECT attname, atttypid::regtype::text FROM pg_attribute "
             "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
-            [found[0]],
+            [oid],
         ).fetchall()
     )
     for column, sql_type in table.columns:

@@ -25,6 +25,7 @@ from onceflow.sinks._pg import (
     RowDigest,
     column_list,
     create_table_if_missing,
+    find_table,
     row_values,
     run_ddl,
     table_identifier,
@@ -139,7 +140,7 @@ def ensure_marker_table(conn: psycopg.Connection[Any], marker_table: str) -> Non
         "SELECT c.conname FROM pg_constraint c WHERE c.conrelid = to_regclass(%s) AND c.contype = 'p'"
         " AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.conrelid"
         " AND a.attnum = ANY(c.conkey) AND a.attname = 'attempt')",
-        [marker_table],
+        [table.as_string(conn)],
     ).fetchone()
     if old_key is not None:  # a table from before attempts had a marker each: widen its key
         run_ddl(
@@ -288,8 +289,7 @@ class PostgresTwoPhaseCommitter:
     def _marker_attempt(self, conn: psycopg.Connection[Any], c: Committable) -> str | None:
         from psycopg import sql
 
-        exists = conn.execute("SELECT to_regclass(%s)", [self.config.marker_table]).fetchone()
-        if exists is None or exists[0] is None:
+        if find_table(conn, self.config.marker_table) is None:
             return None
         row = conn.execute(
             sql.SQL("SELECT attempt FROM {} WHERE " + _TASK_KEY).format(
@@ -386,7 +386,8 @@ SINK_KIND = SinkKind(
         SinkSetting(
             "marker_table",
             "string",
-            "table of commit markers, one row per committed task attempt (created if missing)",
+            "table of commit markers, one row per committed task attempt (created if missing); `name` or "
+            "`schema.name`, quoted as `table` is",
             default="onceflow_markers",
         ),
         SinkSetting(

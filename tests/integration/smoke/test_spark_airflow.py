@@ -73,8 +73,9 @@ def test_spark_executors_read_exact_range(spark_env, mixed_topic, tmp_path) -> N
 def test_airflow_dag_submits_spark_job(airflow_env, mixed_topic, tmp_path) -> None:
     topic, committed = mixed_topic
     until = committed[-1][0] + 2  # the end of the log: last record plus its commit marker
-    output = tmp_path / "dag-out.json"
-    conf = {"topic": topic, "partition": 0, "from_offset": 0, "until_offset": until, "output": str(output)}
+    name = f"dag-out-{tmp_path.name}.json"  # the DAG writes only in $ONCEFLOW_HOME/smoke/
+    output = Path(airflow_env["ONCEFLOW_HOME"]) / "smoke" / name
+    conf = {"topic": topic, "partition": 0, "from_offset": 0, "until_offset": until, "output": name}
     result = subprocess.run(
         ["airflow", "dags", "test", "onceflow_smoke", "--conf", json.dumps(conf)],
         env=airflow_env, capture_output=True, text=True, timeout=900,
@@ -83,4 +84,5 @@ def test_airflow_dag_submits_spark_job(airflow_env, mixed_topic, tmp_path) -> No
     assert result.returncode == 0, log
     assert "SparkSubmitHook" in log or "spark-submit" in log, log
     data = json.loads(output.read_text())
+    output.unlink()
     assert data["records"] == _expected(committed, 0, until)

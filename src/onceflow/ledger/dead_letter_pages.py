@@ -1,0 +1,140 @@
+"""A page of a pipeline's committed dead letters, filtered, counted and paged in the database.
+
+A list shows each letter's position, reason and the previews of its key and value; it reads only a
+prefix of each payload (enough for the preview) and its size, never the whole payload, and only the
+rows of the page. Filters: the epoch, the reason's code (the text before its first ``:``) and a text
+searched (case-insensitively for ASCII) in the position ``topic[partition]@offset``, the reason and the
+start of the value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import String, and_, case, cast, func, or_, select
+from sqlalchemy.orm import Session
+
+from onceflow.ledger.models import DeadLetterRow, EpochRow, EpochStatus
+
+# Bytes of a key or value read for its preview: 4 per character of `dead_letters.PREVIEW_CHARS` (60),
+# plus one character, so that a prefix cut inside a character still shows every previewed character.
+PREFIX_BYTES = 244
+
+
+@dataclass(frozen=True)
+class DeadLetterSummary:
+    """One dead letter as a list shows it: the start of its key and value, and their whole sizes."""
+
+    epoch: int
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    key_prefix: bytes | None
+    key_size: int | None
+    value_prefix: bytes | None
+    value_size: int | None
+    created_at: datetime
+
+    @property
+    def code(self) -> str:
+        return self.reason.partition(":")[0]
+
+
+@dataclass(frozen=True)
+class DeadLetterPage:
+    """``letters``: the page, newest epoch first; ``total``: every match; ``codes``: the matches' codes."""
+
+    letters: list[DeadLetterSummary]
+    total: int
+    codes: list[str]
+
+
+def _code(dialect: str) -> Any:
+    reason = DeadLetterRow.reason
+    if dialect == "postgresql":
+        return func.split_part(reason, ":", 1)
+    colon = func.instr(reason, ":")
+    return case((colon > 0, func.substr(reason, 1, colon - 1)), else_=reason)
+
+
+def _value_text(dialect: str) -> Any:
+    """The value's first bytes as text that LIKE can search (non-UTF-8 bytes escaped on PostgreSQL)."""
+    if dialect == "postgresql":
+        return func.encode(func.substring(DeadLetterRow.value, 1, PREFIX_BYTES), "escape")
+    return cast(func.substr(DeadLetterRow.value, 1, PREFIX_BYTES), String)
+
+
+def page(
+    s: Session,
+    dialect: str,
+    pipeline: str,
+    *,
+    epoch: int | None = None,
+    code: str | None = None,
+    text: str | None = None,
+    limit: int = 200,
+    offset: int = 0,
+) -> DeadLetterPage:
+    d = DeadLetterRow
+    where = [
+        d.pipeline == pipeline,
+        EpochRow.status == EpochStatus.COMMITTED.value,
+    ]
+    if epoch is not None:
+        where.append(d.epoch == epoch)
+    if code:
+        where.append(or_(d.reason == code, d.reason.startswith(code + ":", autoescape=True)))
+    needle = (text or "").strip().lower()
+    if needle:
+        position = d.topic + "[" + cast(d.partition, String) + "]@" + cast(d.offset, String)
+        where.append(
+            or_(
+                *(
+                    func.lower(column).contains(needle, autoescape=True)
+                    for column in (position, d.reason, func.coalesce(_value_text(dialect), ""))
+                )
+            )
+        )
+    joined = and_(EpochRow.pipeline == d.pipeline, EpochRow.epoch == d.epoch)
+    code_of = _code(dialect).label("code")
+    counts = s.execute(
+        select(code_of, func.count()).select_from(d).join(EpochRow, joined).where(*where).group_by(code_of)
+    ).all()
+    rows = s.execute(
+        select(
+            d.epoch,
+            d.topic,
+            d.partition,
+            d.offset,
+            d.reason,
+            func.substr(d.key, 1, PREFIX_BYTES),
+            func.coalesce(d.key_size, func.length(d.key)),  # the record's size, when the letter keeps less
+            func.substr(d.value, 1, PREFIX_BYTES),
+            func.coalesce(d.value_size, func.length(d.value)),
+            d.created_at,
+        )
+        .join(EpochRow, joined)
+        .where(*where)
+        .order_by(d.epoch.desc(), d.topic, d.partition, d.offset)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    letters = [
+        DeadLetterSummary(
+            epoch=r[0],
+            topic=r[1],
+            partition=r[2],
+            offset=r[3],
+            reason=r[4],
+            key_prefix=None if r[5] is None else bytes(r[5]),
+            key_size=r[6],
+            value_prefix=None if r[7] is None else bytes(r[7]),
+            value_size=r[8],
+            created_at=r[9],
+        )
+        for r in rows
+    ]
+    return DeadLetterPage(letters, sum(n for _, n in counts), sorted(str(c) for c, _ in counts))
