@@ -207,13 +207,13 @@ def _tasks(spec: Pipeline, ranges: list[OffsetRange]) -> list[ReadTask]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    host, _, port = REMOTE.removeprefix("sc://").partition(":")
+    host, _, port = REMOTE.removeprefix("sc://").split("/", 1)[0].partition(":")
     with socket.socket() as probe:
         probe.settimeout(2)
         if probe.connect_ex((host, int(port or 15002))) != 0:
             # An integration test never skips: a skipped conformance test would prove nothing.
             pytest.fail(
-                f"no Spark Connect server at {REMOTE}: run the suite with `make test`, or start it with "
+                f"no Spark Connect server at {host}:{port}: run the suite with `make test`, or start it with "
                 "`infra/spark.sh start`",
                 pytrace=False,
             )
