@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -31,6 +32,7 @@ from tests.ports import free_port
 pytestmark = pytest.mark.integration
 
 ONCEFLOW = str(Path(sys.executable).with_name("onceflow"))
+OUT = Path(__file__).resolve().parents[1] / "faults" / "out"
 RECORDS = 12
 
 PIPELINES = """
@@ -282,6 +284,8 @@ def test_each_bad_input_is_one_line_with_its_exit_code_and_writes_nothing(
     world, settings, pg_without_2pc
 ) -> None:
     failures = []
+    rows = ["| input | exit | the one line |", "| --- | --- | --- |"]
+    password = urlsplit(settings.pg_dsn).password
     for case in _cases(pg_without_2pc, settings.pg_dsn):
         env = {**world}
         for key, value in case.env.items():
@@ -301,7 +305,13 @@ def test_each_bad_input_is_one_line_with_its_exit_code_and_writes_nothing(
         )
         if done.returncode != case.code or len(lines) != 1 or not re.search(pattern, lines[0]):
             failures.append(f"{case.id}: exit {done.returncode} (want {case.code}), stderr:\n{done.stderr}")
+        if password and f":{password}@" in done.stdout + done.stderr:
+            failures.append(f"{case.id}: the PostgreSQL password is printed:\n{done.stderr}")
+        rows.append(f"| {case.id} | {done.returncode} | {' / '.join(lines)} |")
         _nothing_written(world, settings)
+    # The inputs tried and what each got, for a person to read (tests/faults/out/ is not committed).
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "bad-input.md").write_text("\n".join(rows) + "\n")
     assert not failures, "\n\n".join(failures)
 
 

@@ -151,3 +151,20 @@ def test_a_spark_connect_token_reaches_neither_the_output_nor_the_abort_reason(w
         (epoch,) = ledger.epochs(world["SECRET_PIPELINE"])
     assert str(epoch.status) == "ABORTED" and epoch.abort_reason, epoch
     assert SECRET not in epoch.abort_reason
+    # The console shows the abort reason to every reader of the pipeline's DAGs.
+    from datetime import UTC, datetime
+
+    from onceflow.console import page, read_model
+
+    with Ledger.connect(world["ONCEFLOW_LEDGER_URL"]) as ledger:
+        view = read_model.pipeline_view(
+            ledger,
+            world["SECRET_PIPELINE"],
+            datetime.now(UTC),
+            bootstrap=world["ONCEFLOW_KAFKA_BOOTSTRAP"],
+            pipelines=(world["ONCEFLOW_PIPELINES"],),
+        )
+    shown = page.render_console(
+        view, [world["SECRET_PIPELINE"]], base="/onceflow", user="u", can_act=False, dag_id="d", filters={}
+    )
+    assert "process failed" in shown and SECRET not in shown

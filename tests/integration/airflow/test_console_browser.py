@@ -233,14 +233,20 @@ def run_action(driver: Any, action: str, epoch: int) -> str:
     from selenium.webdriver.support.ui import Select
 
     form = driver.find_element(By.ID, "action-form")
+    banner = driver.find_element(By.ID, "action-result")
+    before = banner.text if banner.is_displayed() else None  # the answer of an earlier action, if shown
     Select(form.find_element(By.NAME, "action")).select_by_visible_text(action)
     field = form.find_element(By.NAME, "epoch")
     field.clear()
     field.send_keys(str(epoch))
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     wait_for(driver, ec.alert_is_present()).accept()
-    wait_for(driver, ec.visibility_of_element_located((By.ID, "action-result")))
-    return str(driver.find_element(By.ID, "action-result").text)
+
+    def answered(d: Any) -> str | None:
+        shown = d.find_element(By.ID, "action-result")
+        return shown.text if shown.is_displayed() and shown.text != before else None
+
+    return str(wait_for(driver, answered))
 
 
 def post_from_page(driver: Any, path: str, content_type: str = "application/json") -> tuple[int, str]:
