@@ -5,12 +5,13 @@ projection) on the warm runtime (``ONCEFLOW_SPARK_REMOTE``), then asks the Conne
 (``/api/v1/applications/<id>/jobs`` and ``/stages/<id>``) for the jobs its slices ran (each slice tags
 its queries, `onceflow.engine.connect.slice_tag`): how many jobs, stages and tasks, and how many bytes
 they shuffled. A slice in one pass is one job of one stage with no shuffle. Prints one JSON object;
-writes only under a temporary folder and to a topic of its own, both deleted afterwards.
+writes only under a temporary folder (its ledger too) and to a topic of its own, both deleted afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import pipelines
 from bench.dataset import delete_topics, produce
 from bench.pipelines import SPEC_ENV, SPEC_PATH, bench_pipeline
 
@@ -83,13 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     from onceflow.config import Settings
     from onceflow.engine.connect import slice_tag
     from onceflow.engine.runner import run_epoch
+    from onceflow.ledger import Ledger
 
-    settings = Settings.from_env()
-    dataset = produce(settings.kafka_bootstrap, args.records, prefix="bench-jobs")
     workdir = Path(tempfile.mkdtemp(prefix="onceflow-bench-jobs-"))
+    settings = Settings.from_env({**os.environ, "ONCEFLOW_LEDGER_URL": f"sqlite:///{workdir / 'ledger.db'}"})
+    with Ledger.connect(settings.ledger_url, check=False) as ledger:  # a ledger of its own
+        ledger.upgrade()
+    dataset = produce(settings.kafka_bootstrap, args.records, prefix="bench-jobs")
     name = f"bench-jobs-{uuid.uuid4().hex[:8]}"
     spec = bench_pipeline("files", name, dataset.topic, workdir, batch_per_partition=args.records)
     os.environ[SPEC_ENV] = spec.to_json()
+    importlib.reload(pipelines)  # its SPEC is read from the environment at import
     try:
         started = time.perf_counter()
         outcome = run_epoch(SPEC_PATH, settings, executor="connect")

@@ -5,17 +5,15 @@ then turns into rows (an escaped surrogate pair), some into dead letters (malfor
 an aborted transaction leaves invisible records and markers between them. The pipeline's transform
 drops some rows and adds a column; its Kafka sink is keyed by source partition and its files sink
 keeps every row's position, so each output shows whether a source partition's records kept their
-offset order. It runs through spark-submit with Spark's Kafka source on the classpath (the JVM read
-path, in one pass), through spark-submit without it (the Python read path) and, without the
-transform, on the local executor.
+offset order. It runs on the warm runtime (the Spark Connect server of ONCEFLOW_SPARK_REMOTE), through
+spark-submit with Spark's Kafka source on the classpath (the JVM read path, in one pass), through
+spark-submit without it (the Python read path) and, without the transform, on the local executor.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,11 +23,11 @@ from onceflow.config import Settings
 from onceflow.engine import runner
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.sinks.files import read_committed_table
+from tests.faults.harness import spark_conf_with_kafka
 from tests.faults.invariants import files_order_violations, kafka_records, order_violations
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[3]
 PARTITIONS = 3
 PER_PARTITION = 24
 # Record n of a partition, by n % 6: three good ones, one good only for Python, two dead letters.
@@ -72,26 +70,16 @@ def _produce(bootstrap: str, topic: str) -> tuple[dict[int, int], int]:
     return rows, dead
 
 
-def _spark_conf_with_kafka(folder: Path) -> Path:
-    """A SPARK_CONF_DIR whose defaults put Spark's Kafka source (resolved by `infra/spark.sh jars`)
-    on a spark-submit driver's classpath."""
-    cache = Path(os.environ.get("ONCEFLOW_CACHE") or REPO / ".cache")
-    jars = sorted(cache.glob("spark-kafka-*/jars/*.jar"))
-    assert jars, f"no Spark Kafka source under {cache}: run `infra/spark.sh jars`"
-    folder.mkdir(parents=True)
-    (folder / "spark-defaults.conf").write_text(f"spark.jars {','.join(str(j) for j in jars)}\n")
-    return folder
-
-
-@pytest.mark.parametrize("path", ["jvm", "python", "local"])
+@pytest.mark.parametrize("path", ["warm", "jvm", "python", "local"])
 def test_each_source_partition_keeps_its_order_in_every_output(
-    stack, settings, make_topic, tmp_path, monkeypatch, path
+    stack, settings, make_topic, tmp_path, monkeypatch, capfd, path
 ) -> None:
     out_topic = make_topic("ordered-out", partitions=2)
     monkeypatch.setenv("ONCEFLOW_TEST_OUT_TOPIC", out_topic)
-    monkeypatch.delenv("ONCEFLOW_SPARK_REMOTE", raising=False)
+    if path != "warm":
+        monkeypatch.delenv("ONCEFLOW_SPARK_REMOTE", raising=False)
     if path == "jvm":
-        monkeypatch.setenv("SPARK_CONF_DIR", str(_spark_conf_with_kafka(tmp_path / "spark-conf")))
+        monkeypatch.setenv("SPARK_CONF_DIR", str(spark_conf_with_kafka(tmp_path / "spark-conf")))
     rows, dead = _produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"])
     logs: list[str] = []
     submit = runner.submit_slice
@@ -103,7 +91,7 @@ def test_each_source_partition_keeps_its_order_in_every_output(
 
     monkeypatch.setattr(runner, "submit_slice", submit_and_keep_log)
     pipeline = "tests.integration.engine.pipelines:" + ("ORDERED_PLAIN" if path == "local" else "ORDERED")
-    executor = "local" if path == "local" else "spark"
+    executor = {"warm": "connect", "local": "local"}.get(path, "submit")
     outcome = runner.run_epoch(pipeline, Settings.from_env(), executor=executor)
     assert outcome.epoch.status == EpochStatus.COMMITTED
 
@@ -119,7 +107,10 @@ def test_each_source_partition_keeps_its_order_in_every_output(
         letters = ledger.dead_letters(outcome.epoch.pipeline)
     assert len(letters) == dead
     if path != "local":  # the slice ran on the path it was meant to, in one Spark job
+        if path == "warm":  # the slice's driver is this process
+            logs.append(capfd.readouterr().err)
         assert len(logs) == 1
         said = [line for line in logs[0].splitlines() if line.startswith("[onceflow process]")]
-        assert any(f"{path} read path" in line for line in said), said
+        read_path = "jvm" if path == "warm" else path
+        assert any(f"{read_path} read path" in line for line in said), said
         assert any("one pass over" in line for line in said), said
