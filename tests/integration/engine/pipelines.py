@@ -179,6 +179,12 @@ def tag(frame):  # type: ignore[no-untyped-def]
     return frame.where(frame.id % 5 != 4).withColumn("twice", frame.id * 2)
 
 
+def tag_and_shuffle(frame):  # type: ignore[no-untyped-def]
+    """`tag`, then every row dealt round-robin to other partitions: a transform that shuffles."""
+    return tag(frame).repartition(2)
+
+
 ORDERED = ordered_pipeline()
+ORDERED_SHUFFLED = replace(ordered_pipeline(), transform="tests.integration.engine.pipelines:tag_and_shuffle")
 # The same records and sinks without a transform, for the local executor.
 ORDERED_PLAIN = replace(ordered_pipeline(), transform=None)

@@ -7,7 +7,8 @@ drops some rows and adds a column; its Kafka sink is keyed by source partition a
 keeps every row's position, so each output shows whether a source partition's records kept their
 offset order. It runs on the warm runtime (the Spark Connect server of ONCEFLOW_SPARK_REMOTE), through
 spark-submit with Spark's Kafka source on the classpath (the JVM read path, in one pass), through
-spark-submit without it (the Python read path) and, without the transform, on the local executor.
+spark-submit without it (the Python read path) and, without the transform, on the local executor;
+and with a transform that shuffles (one job per sink, each source partition put back in order).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _produce(bootstrap: str, topic: str) -> tuple[dict[int, int], int]:
     return rows, dead
 
 
-@pytest.mark.parametrize("path", ["warm", "jvm", "python", "local"])
+@pytest.mark.parametrize("path", ["warm", "jvm", "python", "local", "shuffled"])
 def test_each_source_partition_keeps_its_order_in_every_output(
     stack, settings, make_topic, tmp_path, monkeypatch, capfd, path
 ) -> None:
@@ -90,7 +91,8 @@ def test_each_source_partition_keeps_its_order_in_every_output(
         return done
 
     monkeypatch.setattr(runner, "submit_slice", submit_and_keep_log)
-    pipeline = "tests.integration.engine.pipelines:" + ("ORDERED_PLAIN" if path == "local" else "ORDERED")
+    name = {"local": "ORDERED_PLAIN", "shuffled": "ORDERED_SHUFFLED"}.get(path, "ORDERED")
+    pipeline = f"tests.integration.engine.pipelines:{name}"
     executor = {"warm": "connect", "local": "local"}.get(path, "submit")
     outcome = runner.run_epoch(pipeline, Settings.from_env(), executor=executor)
     assert outcome.epoch.status == EpochStatus.COMMITTED
@@ -111,6 +113,9 @@ def test_each_source_partition_keeps_its_order_in_every_output(
             logs.append(capfd.readouterr().err)
         assert len(logs) == 1
         said = [line for line in logs[0].splitlines() if line.startswith("[onceflow process]")]
-        read_path = "jvm" if path == "warm" else path
+        read_path = {"warm": "jvm", "shuffled": "python"}.get(path, path)
         assert any(f"{read_path} read path" in line for line in said), said
-        assert any("one pass over" in line for line in said), said
+        if path == "shuffled":
+            assert any("one job per sink: the transform's plan has Exchange" in line for line in said), said
+        else:
+            assert any("one pass over" in line for line in said), said
