@@ -83,8 +83,9 @@ def write_task_sinks(
                 part = batch if columns is None else batch.select(list(columns))
                 if supports_batches(writer):
                     writer.write_batch(part)
-                else:
-                    writer.write(part.to_pylist())
+                else:  # in the calls `write_task` makes
+                    for rows in _batches(part.to_pylist()):
+                        writer.write(rows)
                 counts[index] += part.num_rows
         reports = []
         for index, (sink, _, writer) in enumerate(writers):
