@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from onceflow.config import Settings
 from onceflow.engine.slice_job import _PARTITION_BREAKERS, plan_leaves, plan_operators
 from onceflow.executor.slices import SliceRef
 from onceflow.executor.writing import write_task_sinks
@@ -53,7 +54,8 @@ def test_a_shuffle_shows_as_an_exchange() -> None:
 
 def _ref(tmp_path: Path, *sinks: SinkSpec) -> SliceRef:
     spec = Pipeline("p", KafkaSource(("in",)), JsonFormat({"n": "int"}), sinks)
-    return SliceRef(spec, 1, 0, (OffsetRange("in", 0, 0, 6),), "127.0.0.1:1")
+    settings = Settings(tmp_path, "127.0.0.1:1", "postgresql://x@127.0.0.1:1/x", "sqlite://")
+    return SliceRef(spec, 1, 0, (OffsetRange("in", 0, 0, 6),), "127.0.0.1:1", settings=settings)
 
 
 def _staged(root: Path) -> list[dict[str, int]]:
