@@ -9,12 +9,16 @@ Steps:
    still PLANNED under this job's attempt token (a retried or late job must not touch an epoch that has
    moved on); keep the owner's lease alive while the slice runs.
 2. Recompute the slice's read tasks from the epoch's ranges (a pure function, so all processes agree).
-3. Executors read exactly those ranges and decode them; rows and dead letters come back apart.
+3. Executors read exactly those ranges and decode them, Spark partition i being read task i, its rows
+   and dead letters in offset order.
 4. Apply the pipeline's transform (DataFrame in, DataFrame or {sink: DataFrame} out); a stateful
    pipeline then folds the output into the last committed state (`onceflow.state.fold`), and its sinks
    receive the new value of every key the epoch touched.
-5. For each sink, and the state snapshot, write one output partition per read task: each task stages
-   its output, pre-commits and returns its committable to this driver.
+5. Write one output partition per read task: each task stages its output, pre-commits and returns its
+   committable to this driver. Where the transform keeps the read's partitions, steps 3 to 5 are one
+   Spark job (one pass): the task that reads a range writes it to every sink, in source order, and the
+   dead letters come back as the job's observed metric. Otherwise each sink, and the state snapshot,
+   is a job of its own over the cached read.
 6. Pre-commit the slice: register every committable and dead letter in one ledger transaction, which
    accepts one attempt per (sink, task); roll back the attempts that lost or never reported. A refusal
    (the epoch was aborted or re-planned) rolls back the whole slice and fails the job, so that the
