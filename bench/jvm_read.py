@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.config import Settings
-from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, kafka_frame, python_read, slice_ranges
+from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, python_read, task_kafka_frame
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
@@ -128,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             return frame, frame
 
         def jvm() -> tuple[Any, Any]:
-            return jvm_read(kafka_frame(spark, bootstrap, slice_ranges(ref, tasks), len(tasks)), ref)
+            frame = jvm_read(task_kafka_frame(spark, bootstrap, tasks), ref)[0].persist(
+                StorageLevel.MEMORY_AND_DISK
+            )
+            return frame, frame
 
         python_s = timed(python)
         jvm_s = timed(jvm)

@@ -322,6 +322,18 @@ class Scenario:
             )
 
 
+def spark_conf_with_kafka(folder: Path) -> Path:
+    """A SPARK_CONF_DIR whose defaults put Spark's Kafka source (resolved by `infra/spark.sh jars`) on a
+    spark-submit driver's classpath, so that its slices read on the JVM path."""
+    cache = Path(os.environ.get("ONCEFLOW_CACHE") or REPO / ".cache")
+    jars = sorted(cache.glob("spark-kafka-*/jars/*.jar"))
+    if not jars:
+        raise HarnessError(f"no Spark Kafka source under {cache}: run `infra/spark.sh jars`")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "spark-defaults.conf").write_text(f"spark.jars {','.join(str(j) for j in jars)}\n")
+    return folder
+
+
 # ---------------------------------------------------------------------------------------- fault runs
 
 

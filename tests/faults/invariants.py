@@ -17,7 +17,7 @@ from typing import Any
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import KafkaSource, Pipeline
-from onceflow.sinks.files import read_committed_table
+from onceflow.sinks.files import committed_files, read_committed_table
 from onceflow.sinks.kafka import KafkaCommitter
 from onceflow.sources.kafka_metadata import KafkaMetadata
 from onceflow.sources.kafka_range import read_range
@@ -88,6 +88,26 @@ def order_violations(records: list[tuple[int, dict[str, Any]]]) -> list[str]:
                 f"{offset} after {last[key]}"
             )
         last[key] = offset
+    return problems
+
+
+def files_order_violations(root: Path | str, table: str) -> list[str]:
+    """Within each committed file of a files sink (one task's output), each source partition's rows must
+    keep their offset order."""
+    import pyarrow.parquet as pq
+
+    problems = []
+    for path in committed_files(Path(root) / table):
+        rows = pq.read_table(path, columns=["_partition", "_offset"]).to_pylist()
+        last: dict[int, int] = {}
+        for row in rows:
+            partition, offset = int(row["_partition"]), int(row["_offset"])
+            if partition in last and offset <= last[partition]:
+                problems.append(
+                    f"files table {table}, {path.name}: source partition {partition} offset {offset} "
+                    f"after {last[partition]}"
+                )
+            last[partition] = offset
     return problems
 
 
@@ -185,6 +205,7 @@ def check_records(
                 f"{t.unexpected} that must not be there"
             )
     verdict.violations += order_violations(kafka_out)
+    verdict.violations += files_order_violations(root / "files", "records")
     verdict.violations += check_protocol_clean(spec, ledger, pg, root)
     # The Kafka sink's consumer group stands where the ledger's committed position does.
     committed = ledger.committed_offsets(spec.name)

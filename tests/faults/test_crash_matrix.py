@@ -6,12 +6,15 @@ By default the points inside or right around the Spark job run (the coordinator'
 `test_random_faults` with the local executor, through the same committers); ONCEFLOW_FAULTS_MATRIX=all
 runs every named fault on Spark (17 faults, about ten minutes on two cores).
 Then the bad-input run: every kind of bad record, mixed into the stream, dead-lettered with its reason
-and offset while every good record is delivered once and the pipeline keeps going.
+and offset while every good record is delivered once and the pipeline keeps going. Both run the
+records pipeline with a transform, with Spark's Kafka source on the drivers' classpath, and check each
+source partition's order in the Kafka output and in the files sink.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -36,10 +39,22 @@ MATRIX = [
 ]
 
 
+def _on_spark(tmp_path: Path) -> dict[str, str]:
+    """One slice, a transform that keeps every partition's rows, and Spark's Kafka source on the
+    spark-submit drivers' classpath: the slices without a fault plan run in one pass on the JVM path
+    (a fault plan keeps the Python reader, where the task points are)."""
+    conf = harness.spark_conf_with_kafka(tmp_path / "spark-conf")
+    return {
+        "ONCEFLOW_FAULTS_SLICES": "1",
+        "ONCEFLOW_FAULTS_TRANSFORM": "tests.faults.pipelines:keep_every_record",
+        "SPARK_CONF_DIR": str(conf),
+    }
+
+
 # 163 s for the Spark points in CI; every fault (ONCEFLOW_FAULTS_MATRIX=all) takes longer.
 @pytest.mark.timeout(max(900, 60 * len(MATRIX)))
 def test_named_faults_on_spark_leave_every_invariant_standing(settings, pg, tmp_path, reports) -> None:
-    scenario = harness.Scenario(harness.RECORDS, tmp_path, settings, env={"ONCEFLOW_FAULTS_SLICES": "1"})
+    scenario = harness.Scenario(harness.RECORDS, tmp_path, settings, env=_on_spark(tmp_path))
     scenario.create_topics()
     try:
         faults = [(fault, 30, 2, ()) for fault in MATRIX]
@@ -52,7 +67,7 @@ def test_named_faults_on_spark_leave_every_invariant_standing(settings, pg, tmp_
 
 
 def test_bad_input_is_dead_lettered_and_never_stalls_the_pipeline(settings, pg, tmp_path) -> None:
-    scenario = harness.Scenario(harness.RECORDS, tmp_path, settings, env={"ONCEFLOW_FAULTS_SLICES": "1"})
+    scenario = harness.Scenario(harness.RECORDS, tmp_path, settings, env=_on_spark(tmp_path))
     scenario.create_topics()
     try:
         for _ in range(2):

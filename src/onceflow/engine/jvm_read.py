@@ -2,32 +2,38 @@
 
 Two paths hand the driver the same DataFrame: the format's row columns plus `DEAD_LETTER_COLUMN` (the
 dead letter's JSON on a rejected record, null on a row). They give the same rows and the same dead
-letters (``tests/integration/engine/test_jvm_conformance.py`` runs both on one hostile topic).
+letters (``tests/integration/engine/test_jvm_conformance.py`` runs both on one hostile topic). On both,
+Spark partition i is read task i and holds its records, rows and dead letters alike, in offset order:
+each later step is narrow, so the task that reads a range also writes it, in source order.
 
-- **jvm**: one Spark Kafka batch read of exactly the slice's ``[from, until)`` per partition
-  (``read_committed``; ``failOnDataLoss`` on, which still skips transaction markers and aborted records
-  but fails when retention deleted offsets of the range), JSON decoded by ``from_json`` with the
-  declared schema. A record becomes a row in the JVM only when every check of `_accepted` passes; every
-  other record crosses to Python (`onceflow.executor.rejected`), where `RowDecoder` gives it its row or
-  its dead letter with the reason. The checks are conservative: a good record may go to Python, but the
-  JVM never accepts a record that Python would reject, nor gives a value Python would not.
+- **jvm**: one Spark Kafka batch read per read task, exactly its ``[from, until)`` (``read_committed``;
+  ``failOnDataLoss`` on, which still skips transaction markers and aborted records but fails when
+  retention deleted offsets of the range), the reads put end to end (a union keeps each one's single
+  partition, in task order), JSON decoded by ``from_json`` with the declared schema. A record becomes
+  a row in the JVM only when every check of `_accepted` passes; every other record crosses to Python in
+  the same task (an Arrow UDF over `onceflow.executor.rejected`), where `RowDecoder` gives it its row or
+  its dead letter with the reason, in its place. The checks are conservative: a good record may go to
+  Python, but the JVM never accepts a record that Python would reject, nor gives a value Python would
+  not.
 - **python**: every read task reads its range with the Python reader (`read_task`) and decodes there.
   Used when a fault plan is armed (crash and pause points such as ``task_mid_read`` live in the Python
   reader), when the session cannot load Spark's Kafka source (a spark-submit driver without its jar),
   and for a schema whose field names contain the control character the JVM checks reserve.
+
+Nothing here caches or counts: the read runs inside the slice's write job.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from onceflow.executor.arrow_rows import arrow_schema, row_batches
 from onceflow.executor.reading import read_task
-from onceflow.executor.rejected import RAW_COLUMNS, decode_rejected, with_dead_letters
+from onceflow.executor.rejected import RAW_COLUMNS, decode_rejected_column, with_dead_letters
 from onceflow.executor.slices import SliceRef
 from onceflow.faults import plan_armed
 from onceflow.offsets import OffsetRange
@@ -47,8 +53,6 @@ _SENTINEL = "\x01"
 _SENTINEL_SUFFIX = ',{"\\u0001":1}]'
 _RESERVED_ESCAPES = r"\\u(?:0001|[dD][89a-fA-F])"
 _CORRUPT = "\x01onceflow_corrupt"
-# Doubtful records per Python task decoding them.
-_DOUBTFUL_PER_TASK = 50_000
 # Jackson as strict as Python's json module: Spark's defaults allow single quotes and NaN/Infinity.
 _JSON_OPTIONS = {
     "mode": "PERMISSIVE",
@@ -64,30 +68,20 @@ _JSON_OPTIONS = {
 
 @dataclass
 class DecodedRead:
-    """The slice's decoded records as one DataFrame, and which path produced it, with why."""
+    """The slice's decoded records as one DataFrame (partition i is read task i, in offset order), and
+    which path produced it, with why."""
 
     frame: Any
     path: str
     reason: str
-    cached: Any = None  # the DataFrame to keep while the slice runs (the read is computed once)
 
 
-@contextmanager
-def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Iterator[DecodedRead]:
-    """The slice's records, rows and dead letters together; its cache is released on exit.
+def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> DecodedRead:
+    """The slice's records, rows and dead letters together, one Spark partition per read task.
 
     The path rule: Python when a fault plan is armed or a schema name holds the reserved character,
     else the JVM, unless the session has no Kafka source (then Python, and the reason says so).
     """
-    read = _choose(spark, ref, tasks)
-    try:
-        yield read
-    finally:
-        # A long-lived session outlives the slice: never leave its cache holding this read.
-        read.cached.unpersist()
-
-
-def _choose(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> DecodedRead:
     fmt = ref.pipeline.format
     reason = None
     if plan_armed():  # crash and pause points sit in the Python reader
@@ -95,14 +89,12 @@ def _choose(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> DecodedRead
     elif isinstance(fmt, JsonFormat) and any(_SENTINEL in name for name, _, _ in row_columns(fmt)):
         reason = "a schema field name holds U+0001"
     else:
-        ranges = slice_ranges(ref, tasks)
-        kafka, reason = kafka_source_missing(lambda: kafka_frame(spark, ref.bootstrap, ranges, len(tasks)))
+        slice_ranges(ref, tasks)  # the tasks cover exactly the slice's ranges
+        kafka, reason = kafka_source_missing(lambda: task_kafka_frame(spark, ref.bootstrap, tasks))
         if reason is None:
-            frame, checked = jvm_read(kafka, ref)
-            return DecodedRead(frame, JVM, "Spark's Kafka source and from_json", checked)
-    # Dead letters are collected first and the rows written after: keep the read, so Kafka is read once.
-    frame = python_read(spark, ref, tasks).persist(_cache_level())
-    return DecodedRead(frame, PYTHON, reason, frame)
+            frame, _ = jvm_read(kafka, ref)
+            return DecodedRead(frame, JVM, "Spark's Kafka source and from_json")
+    return DecodedRead(python_read(spark, ref, tasks), PYTHON, reason)
 
 
 def python_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Any:
@@ -160,13 +152,13 @@ def offsets_json(ranges: Iterable[OffsetRange], end: bool) -> str:
     return json.dumps(offsets, sort_keys=True)
 
 
-def kafka_frame(spark: Any, bootstrap: str, ranges: Sequence[OffsetRange], tasks: int) -> Any:
-    """One Spark Kafka batch read of exactly ``ranges``, committed records only, split in at least
-    ``tasks`` Spark partitions."""
+def kafka_frame(spark: Any, bootstrap: str, ranges: Sequence[OffsetRange]) -> Any:
+    """One Spark Kafka batch read of exactly ``ranges``, committed records only: one Spark partition
+    per non-empty range (Spark splits none of them without ``minPartitions``)."""
     assign: dict[str, list[int]] = {}
     for r in ranges:
         assign.setdefault(r.topic, []).append(r.partition)
-    reader = (
+    return (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("assign", json.dumps(assign, sort_keys=True))
@@ -175,10 +167,24 @@ def kafka_frame(spark: Any, bootstrap: str, ranges: Sequence[OffsetRange], tasks
         .option("kafka.isolation.level", "read_committed")
         .option("failOnDataLoss", "true")
         .option("includeHeaders", "true")
+        .load()
     )
-    if tasks > len(ranges):
-        reader = reader.option("minPartitions", str(tasks))
-    return reader.load()
+
+
+def task_kafka_frame(spark: Any, bootstrap: str, tasks: Sequence[ReadTask]) -> Any:
+    """The read tasks' ranges as one DataFrame whose partition i is task i's range, in offset order.
+
+    A Kafka read of one non-empty range is one partition, and a union puts its inputs' partitions end
+    to end (it keeps no partitioning of its own that could merge them). Spark's ``minPartitions``
+    would split a partition in pieces of its own choosing, not the planned tasks'.
+    """
+    if not tasks or any(t.range.is_empty for t in tasks):
+        raise ValueError(f"every read task needs a non-empty range: {[str(t.range) for t in tasks]}")
+    frames = [kafka_frame(spark, bootstrap, [task.range]) for task in tasks]
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.union(frame)
+    return union
 
 
 def kafka_source_missing(load: Callable[[], Any]) -> tuple[Any, str | None]:
@@ -200,11 +206,13 @@ def kafka_source_missing(load: Callable[[], Any]) -> tuple[Any, str | None]:
 
 
 def jvm_read(kafka: Any, ref: SliceRef) -> tuple[Any, Any]:
-    """The JVM path over a Kafka batch read: rows decoded by Spark, the rest decoded in Python.
+    """The JVM path over a Kafka batch read: rows decoded by Spark, the rest decoded in Python, each
+    record in its place.
 
-    Returns the decoded frame and the checked records it derives from, cached (the caller
-    unpersists it): Kafka is read and every record checked once, by the count of doubtful records,
-    which also tells whether any record must cross to Python at all.
+    Returns the decoded frame and the checked records it derives from (``_accepted`` tells which
+    records the JVM decoded itself). Every step is a projection, so each partition keeps its records'
+    order: a doubtful record goes to a Python UDF whose input is null on every accepted record (the
+    cheap case of a batch without doubtful records), and comes back as its row or its dead letter.
     """
     from pyspark.sql import functions as F
 
@@ -214,35 +222,44 @@ def jvm_read(kafka: Any, ref: SliceRef) -> tuple[Any, Any]:
         "topic", "partition", "offset", timestamp.alias("_timestamp"), "key", "value", "headers"
     )
     accepted, values = _accepted(spec.format, spec.max_record_bytes)
-    marked = records.select(*RAW_COLUMNS, F.coalesce(accepted, F.lit(False)).alias("_accepted"), *values)
-    # The cache keeps the raw bytes of the doubtful records only.
-    doubtful_only = ("key", "value", "headers")
-    checked = marked.select(
-        *(F.when(~F.col("_accepted"), F.col(c)).alias(c) if c in doubtful_only else c for c in marked.columns)
-    ).persist(_cache_level())
+    checked = records.select(*RAW_COLUMNS, F.coalesce(accepted, F.lit(False)).alias("_accepted"), *values)
     schema = decoded_schema(ref)
-    rows = checked.where(F.col("_accepted")).select(
-        *(F.col(f"_v{i}").cast(f.dataType).alias(f.name) for i, f in enumerate(schema.fields[:-1])),
-        F.lit(None).cast("string").alias(DEAD_LETTER_COLUMN),
+    doubtful = F.when(~F.col("_accepted"), F.struct(*RAW_COLUMNS))
+    # A column of its own, so the UDF runs once per record whatever reads its result below.
+    with_python = checked.select(
+        "_accepted",
+        *(f"_v{i}" for i in range(len(schema.fields) - 1)),
+        _rejected_udf(ref, schema)(doubtful).alias("_python"),
     )
-    doubtful = checked.where(~F.col("_accepted")).select(*RAW_COLUMNS)
-    count = doubtful.count()
-    if count == 0:
-        return rows, checked
-    fmt, limit, out = spec.format, spec.max_record_bytes, arrow_schema(schema)
+    python, jvm = F.col("_python"), F.col("_accepted")
+    frame = with_python.select(
+        *(
+            F.when(jvm, F.col(f"_v{i}").cast(f.dataType)).otherwise(python[f.name]).alias(f.name)
+            for i, f in enumerate(schema.fields[:-1])
+        ),
+        F.when(jvm, F.lit(None).cast("string"))
+        .otherwise(python[DEAD_LETTER_COLUMN])
+        .alias(DEAD_LETTER_COLUMN),
+    )
+    return frame, checked
 
-    def decode(batches: Iterable[Any]) -> Iterator[Any]:
-        return decode_rejected(batches, fmt, limit, out)
 
-    # Few Python tasks for few records: each one costs a Python worker's batch round trip.
-    tasks = max(1, -(-count // _DOUBTFUL_PER_TASK))
-    return rows.unionByName(doubtful.coalesce(tasks).mapInArrow(decode, schema)), checked
+def _rejected_udf(ref: SliceRef, schema: Any) -> Any:
+    """An Arrow UDF: a struct of `RAW_COLUMNS` (null for a record the JVM accepted) in, the decoded
+    row plus the dead-letter column (null where the input is null) out, one per input, in order."""
+    from pyspark.sql.pandas import functions as pandas_functions
+    from pyspark.util import PythonEvalType
 
+    fmt, limit = ref.pipeline.format, ref.pipeline.max_record_bytes
+    out = arrow_schema(schema)
 
-def _cache_level() -> Any:
-    from pyspark import StorageLevel
+    def decode(raw: Any) -> Any:
+        return decode_rejected_column(raw, fmt, limit, out)
 
-    return StorageLevel.MEMORY_AND_DISK
+    make: Any = pandas_functions.arrow_udf  # a struct result: the stubs know only atomic ones
+    with warnings.catch_warnings():  # the type is given, not inferred from hints: that is on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        return make(decode, schema, PythonEvalType.SQL_SCALAR_ARROW_UDF)
 
 
 def _accepted(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:

@@ -9,12 +9,16 @@ Steps:
    still PLANNED under this job's attempt token (a retried or late job must not touch an epoch that has
    moved on); keep the owner's lease alive while the slice runs.
 2. Recompute the slice's read tasks from the epoch's ranges (a pure function, so all processes agree).
-3. Executors read exactly those ranges and decode them; rows and dead letters come back apart.
+3. Executors read exactly those ranges and decode them, Spark partition i being read task i, its rows
+   and dead letters in offset order.
 4. Apply the pipeline's transform (DataFrame in, DataFrame or {sink: DataFrame} out); a stateful
    pipeline then folds the output into the last committed state (`onceflow.state.fold`), and its sinks
    receive the new value of every key the epoch touched.
-5. For each sink, and the state snapshot, write one output partition per read task: each task stages
-   its output, pre-commits and returns its committable to this driver.
+5. Write one output partition per read task: each task stages its output, pre-commits and returns its
+   committable to this driver. Where the transform keeps the read's partitions, steps 3 to 5 are one
+   Spark job (one pass): the task that reads a range writes it to every sink, in source order, and the
+   dead letters come back as the job's observed metric. Otherwise each sink, and the state snapshot,
+   is a job of its own over the cached read.
 6. Pre-commit the slice: register every committable and dead letter in one ledger transaction, which
    accepts one attempt per (sink, task); roll back the attempts that lost or never reported. A refusal
    (the epoch was aborted or re-planned) rolls back the whole slice and fails the job, so that the
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import traceback
@@ -40,7 +45,7 @@ from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, decoded_read
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.executor.arrow_rows import arrow_schema
 from onceflow.executor.slices import SliceRef
-from onceflow.executor.writing import TaskReport, write_task_batches
+from onceflow.executor.writing import TaskReport, write_task_batches, write_task_sinks
 from onceflow.faults import crash_point
 from onceflow.ledger import Epoch, IllegalTransition, Ledger, PrecommitRefused
 from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
@@ -200,37 +205,66 @@ def process_on_spark(
 ) -> tuple[list[TaskReport], list[DeadLetter]]:
     """Steps 3 to 5 on Spark: read, transform, write; the committables and dead letters come back.
 
+    One pass where the transform keeps the read's partitions (`one_pass_refusal`): one Spark job whose
+    task i reads read task i's range, decodes it, transforms it and stages it in every sink, in source
+    order; the committables are the job's rows and the dead letters its observed metric. Otherwise the
+    read is cached and each sink is a job of its own (`_write_sink`).
     Uses only DataFrame operations that a classic session and a Spark Connect session both have.
     """
     from pyspark.sql import functions as F
 
     started = time.monotonic()
+    task_ids = [t.task_id for t in tasks]
+    offsets = sum(r.until_offset - r.from_offset for r in ref.slice_ranges)
     # 3. Exact reads of the slice's ranges, decoded in the JVM where every check passes and by the
     # Python decoder otherwise (`onceflow.engine.jvm_read`); a rejected record travels in the
-    # dead-letter column. The read is cached until the slice's writes are done.
-    with decoded_read(spark, ref, tasks) as read:
-        log(f"slice {ref.slice}: {read.path} read path ({read.reason})")
-        raw = read.frame
-        dead_column = F.col(DEAD_LETTER_COLUMN)
+    # dead-letter column, in its place. Partition i is read task i.
+    read = decoded_read(spark, ref, tasks)
+    log(f"slice {ref.slice}: {read.path} read path ({read.reason})")
+    dead_column = F.col(DEAD_LETTER_COLUMN)
+
+    if spec.state is None:
+        # 4. The transform over the good rows; the dead letters are counted on the way, in the same tasks.
+        observation = _observation(read.frame)
+        observed = read.frame.observe(observation, F.collect_list(dead_column).alias("dead"))
+        writes = _outputs(spark, spec, settings, spec.load_transform()(_rows(observed)))
+        refusal = one_pass_refusal(writes, read.frame)
+        if refusal is None:
+            # 5. Every sink, one job: the output's partition i is read task i's.
+            staged = _write_sinks(ref, [sink for sink, _ in writes], writes[0][1], task_ids)
+            dead = [DeadLetter.from_json(text) for text in observation.get["dead"]]
+            for sink, _ in writes:
+                rows = sum(r.records for r in staged if r.sink == sink.name)
+                log(f"slice {ref.slice}: sink {sink.name}: {rows:,} rows staged by {len(task_ids)} tasks")
+            seconds = time.monotonic() - started
+            log(
+                f"slice {ref.slice}: one pass over {offsets:,} offsets ({len(dead)} dead letters) in "
+                f"{seconds:.1f} s ({offsets / max(seconds, 1e-9):,.0f} offsets/s)"
+            )
+            return staged, dead
+        log(f"slice {ref.slice}: one job per sink: {refusal}")
+    else:
+        log(f"slice {ref.slice}: one job per sink: keyed state folds the epoch across its partitions")
+
+    # The read is used once for the dead letters and once per sink: keep it, so Kafka is read once.
+    from pyspark import StorageLevel
+
+    cached = read.frame.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
         dead = [
             DeadLetter.from_json(r[0])
-            for r in raw.where(dead_column.isNotNull()).select(dead_column).collect()
+            for r in cached.where(dead_column.isNotNull()).select(dead_column).collect()
         ]
-        frame = raw.where(dead_column.isNull()).drop(DEAD_LETTER_COLUMN)
-        offsets = sum(r.until_offset - r.from_offset for r in ref.slice_ranges)
         log(
             f"slice {ref.slice}: read offsets {offsets:,} ({len(dead)} dead letters) in "
             f"{time.monotonic() - started:.1f} s"
         )
-
         # 4. The transform, then the fold into keyed state.
-        output = spec.load_transform()(frame)
-        writes = _outputs(spark, spec, settings, output)
-
+        writes = _outputs(spark, spec, settings, spec.load_transform()(_rows(cached)))
         # 5. One output partition per read task, for each sink and the state snapshot.
         reports: list[TaskReport] = []
         for sink, frame_out in writes:
-            written = _write_sink(ref, sink, frame_out, [t.task_id for t in tasks])
+            written = _write_sink(ref, sink, frame_out, task_ids)
             rows = sum(r.records for r in written)
             seconds = time.monotonic() - started
             log(
@@ -238,7 +272,28 @@ def process_on_spark(
                 f"{seconds:.1f} s into the slice ({offsets / max(seconds, 1e-9):,.0f} offsets/s)"
             )
             reports += written
+    finally:
+        # A long-lived session outlives the slice: never leave its cache holding this read.
+        cached.unpersist()
     return reports, dead
+
+
+def _rows(decoded: Any) -> Any:
+    """The decoded records that are rows (a dead letter's row columns are all null)."""
+    from pyspark.sql import functions as F
+
+    return decoded.where(F.col(DEAD_LETTER_COLUMN).isNull()).drop(DEAD_LETTER_COLUMN)
+
+
+def _observation(frame: Any) -> Any:
+    """An observation of the session kind ``frame`` belongs to (Spark Connect has its own class)."""
+    if type(frame).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect.observation import Observation as ConnectObservation
+
+        return ConnectObservation()
+    from pyspark.sql.observation import Observation
+
+    return Observation()
 
 
 def _outputs(spark: Any, spec: Pipeline, settings: Settings, output: Any) -> list[tuple[SinkSpec, Any]]:
@@ -261,6 +316,81 @@ def _outputs(spark: Any, spec: Pipeline, settings: Settings, output: Any) -> lis
     return [*((sink, touched) for sink in spec.sinks), (snapshot_sink, snapshot)]
 
 
+# Physical operators after which an output partition is no longer one read task's records in order:
+# every exchange (a shuffle, a broadcast that runs a job of its own, a reused one), partitions merged
+# or multiplied without one, and subqueries (jobs of their own).
+_PARTITION_BREAKERS = frozenset(
+    {"Exchange", "BroadcastExchange", "ReusedExchange", "Coalesce", "CartesianProduct", "Subquery"}
+)
+_PLAN_LINE = re.compile(r"^(?P<indent>[\s:|+\-]*)(?:\*\(\d+\)\s+)?(?P<name>[A-Za-z]\w*)")
+
+
+def physical_plan(frame: Any) -> str:
+    """The query's physical plan as Spark prints it (``explain``'s simple mode), on either kind of
+    session: a classic one plans it in this JVM, a Spark Connect one asks the server (no job runs)."""
+    if type(frame).__module__.startswith("pyspark.sql.connect"):
+        return str(frame._explain_string(mode="simple"))
+    jvm = frame.sparkSession._jvm
+    return str(jvm.PythonSQLUtils.explainString(frame._jdf.queryExecution(), "simple"))
+
+
+def plan_operators(plan: str) -> list[tuple[int, str]]:
+    """(depth, operator name) of each operator line of a printed physical plan, top down."""
+    found = []
+    for line in plan.splitlines():
+        if not line.strip() or line.startswith("=="):
+            continue
+        match = _PLAN_LINE.match(line)
+        if match:
+            found.append((len(match.group("indent")), match.group("name")))
+    return found
+
+
+def plan_leaves(operators: Sequence[tuple[int, str]]) -> list[str]:
+    """The operators with no child: each is followed by one no deeper than itself, or by none."""
+    return [
+        name
+        for i, (depth, name) in enumerate(operators)
+        if i + 1 == len(operators) or operators[i + 1][0] <= depth
+    ]
+
+
+def one_pass_refusal(writes: Sequence[tuple[SinkSpec, Any]], read: Any) -> str | None:
+    """Why the sinks' outputs cannot be written in the read's own tasks, or None when they can.
+
+    They can when every sink takes one and the same DataFrame and its physical plan has the read's
+    leaves and none of `_PARTITION_BREAKERS`: then every operator between them is narrow, so output
+    partition i holds read task i's records, in their order.
+    """
+    frames = {id(frame) for _, frame in writes}
+    if len(frames) != 1:
+        return "the transform returns a DataFrame per sink"
+    frame = writes[0][1]
+    for sink, _ in writes:
+        _sink_frame(sink, frame)  # a sink's missing columns are the slice's failure on either path
+    operators = plan_operators(physical_plan(frame))
+    breakers = sorted({name for _, name in operators} & _PARTITION_BREAKERS)
+    if breakers:
+        return f"the transform's plan has {', '.join(breakers)}"
+    leaves, read_leaves = plan_leaves(operators), plan_leaves(plan_operators(physical_plan(read)))
+    if len(leaves) != len(read_leaves):
+        return f"the transform's plan reads {len(leaves)} inputs, the slice {len(read_leaves)}"
+    return None
+
+
+def _sink_frame(sink: SinkSpec, frame: Any) -> list[str] | None:
+    """The sink's columns (None: all), checked to be in ``frame``."""
+    columns = sink_columns(sink)
+    if columns is not None:
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise SliceFailed(
+                f"sink {sink.name!r} needs columns {missing} that the transform's output "
+                f"({frame.columns}) does not have"
+            )
+    return columns
+
+
 def output_partitions(frame: Any) -> int | None:
     """How many partitions a DataFrame's query has, when the session can tell without running it.
 
@@ -275,39 +405,85 @@ def output_partitions(frame: Any) -> int | None:
         return None
 
 
-def _write_sink(ref: SliceRef, sink: SinkSpec, frame: Any, task_ids: list[str]) -> list[TaskReport]:
-    from pyspark import TaskContext as SparkTaskContext
+# The source position of a row, where the transform kept it: enough to restore source order.
+POSITION_COLUMNS = ("_topic", "_partition", "_offset")
+
+
+def in_source_order(frame: Any, tasks: int) -> Any:
+    """``frame`` in ``tasks`` partitions for a write after a transform that moved rows between them.
+
+    Rows that still carry their source position go to one partition per source partition, sorted by
+    offset, so each source partition keeps its order; other rows (an aggregate's, a join's) have no
+    source order to keep and are dealt round-robin.
+    """
+    if all(c in frame.columns for c in POSITION_COLUMNS):
+        return frame.repartition(tasks, *POSITION_COLUMNS[:2]).sortWithinPartitions(*POSITION_COLUMNS)
+    return frame.repartition(tasks)
+
+
+_REPORT_FIELDS = ("sink", "task", "attempt", "records", "committable")
+
+
+def _report_schema() -> Any:
     from pyspark.sql import types as T
 
-    columns = sink_columns(sink)
-    if columns is not None:
-        missing = [c for c in columns if c not in frame.columns]
-        if missing:
-            raise SliceFailed(
-                f"sink {sink.name!r} needs columns {missing} that the transform's output "
-                f"({frame.columns}) does not have"
-            )
-        frame = frame.select(*columns)
-    if output_partitions(frame) != len(task_ids):
-        frame = frame.repartition(len(task_ids))
-
     text = T.StringType()
-    fields = {"sink": text, "task": text, "attempt": text, "records": T.LongType(), "committable": text}
-    report_schema = T.StructType([T.StructField(n, t, False) for n, t in fields.items()])
+    types = {"records": T.LongType()}
+    return T.StructType([T.StructField(n, types.get(n, text), False) for n in _REPORT_FIELDS])
+
+
+def _attempt(task_ids: Sequence[str], what: str) -> tuple[int, str]:
+    """This Spark task's output partition and attempt name (one per Spark task attempt)."""
+    from pyspark import TaskContext as SparkTaskContext
+
+    context = SparkTaskContext.get()
+    assert context is not None, "a write runs inside a Spark task"
+    index = context.partitionId()
+    if index >= len(task_ids):
+        raise SliceFailed(
+            f"output partition {index} of {what} has no participant: the query ran with more "
+            f"partitions than its {len(task_ids)} tasks (was adaptive execution re-enabled?)"
+        )
+    return index, f"{context.stageId()}.{index}.{context.taskAttemptId()}"
+
+
+def _write_sinks(ref: SliceRef, sinks: list[SinkSpec], frame: Any, task_ids: list[str]) -> list[TaskReport]:
+    """One Spark job: output partition i stages read task i's rows in every sink, in their order."""
+    outputs = [(sink, _sink_frame(sink, frame)) for sink in sinks]
+    if all(columns is not None for _, columns in outputs):  # only what some sink takes crosses to Python
+        frame = frame.select(*dict.fromkeys(c for _, columns in outputs for c in columns or ()))
+    report_schema = _report_schema()
     report_arrow = arrow_schema(report_schema)
+    what = f"sinks {[s.name for s in sinks]}"
 
     def write(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        context = SparkTaskContext.get()
-        assert context is not None, "write() runs inside a Spark task"
-        index = context.partitionId()
-        if index >= len(task_ids):
-            raise SliceFailed(
-                f"output partition {index} of sink {sink.name!r} has no participant: the query ran with "
-                f"more partitions than its {len(task_ids)} tasks (was adaptive execution re-enabled?)"
-            )
-        attempt = f"{context.stageId()}.{index}.{context.taskAttemptId()}"
+        index, attempt = _attempt(task_ids, what)
+        reports = write_task_sinks(ref, outputs, task_ids[index], attempt, batches)
+        yield pa.RecordBatch.from_pylist([r.__dict__ for r in reports], schema=report_arrow)
+
+    return [TaskReport(**row.asDict()) for row in frame.mapInArrow(write, report_schema).collect()]
+
+
+def _write_sink(ref: SliceRef, sink: SinkSpec, frame: Any, task_ids: list[str]) -> list[TaskReport]:
+    """One Spark job for one sink's output, in one partition per read task."""
+    columns = _sink_frame(sink, frame)
+    # Here the transform may have moved rows between partitions: where they carry their source position,
+    # restore source order; otherwise only the number of partitions must be the tasks'.
+    positions = all(c in frame.columns for c in POSITION_COLUMNS)
+    if positions or output_partitions(frame) != len(task_ids):
+        frame = in_source_order(frame, len(task_ids))
+    if columns is not None:
+        frame = frame.select(*columns)
+    report_schema = _report_schema()
+    report_arrow = arrow_schema(report_schema)
+    what = f"sink {sink.name!r}"
+
+    def write(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        index, attempt = _attempt(task_ids, what)
         report = write_task_batches(ref, sink, task_ids[index], attempt, batches)
         yield pa.RecordBatch.from_pylist([report.__dict__], schema=report_arrow)
 

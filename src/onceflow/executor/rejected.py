@@ -1,8 +1,9 @@
 """Records the JVM did not accept, decoded in Python: `RowDecoder` gives each its row or its dead letter.
 
 The JVM read (`onceflow.engine.jvm_read`) turns into rows only the records it can prove good; every
-other record crosses to a Python worker as raw Kafka columns (Arrow batches), so that the decoder that
-the Python reader uses stays the one arbiter of every doubtful record and of every dead letter's reason.
+other record crosses to a Python worker as raw Kafka columns (a struct column of Arrow batches, in its
+place among the records of its task), so that the decoder that the Python reader uses stays the one
+arbiter of every doubtful record and of every dead letter's reason.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from onceflow.executor.arrow_rows import row_batches
 from onceflow.pipeline import RecordFormat
 from onceflow.records import DeadLetter, KafkaRecord, RowDecoder
 
@@ -40,13 +40,29 @@ def kafka_record(row: dict[str, Any]) -> KafkaRecord:
     )
 
 
-def decode_rejected(
-    batches: Iterable[Any], fmt: RecordFormat, max_record_bytes: int, schema: Any
-) -> Iterator[Any]:
-    """Arrow batches of `RAW_COLUMNS` in, Arrow batches of ``schema`` (rows plus the dead-letter
-    column) out: one output row per input record."""
+def decode_rejected_column(raw: Any, fmt: RecordFormat, max_record_bytes: int, schema: Any) -> Any:
+    """A struct column of `RAW_COLUMNS` in (Arrow; null where the JVM decoded the record itself), a
+    struct column of ``schema`` (rows plus the dead-letter column) out: the decoded row or dead letter at
+    each non-null input's position, null elsewhere, so the records stay in their order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(raw, pa.ChunkedArray):
+        raw = raw.combine_chunks()
+    fields = list(schema)
+    if raw.null_count == len(raw):
+        return pa.nulls(len(raw), type=pa.struct(fields))
     decoder = RowDecoder(fmt, max_record_bytes)
     width = len(decoder.columns)
-    for batch in batches:
-        items = (decoder.decode(kafka_record(row)) for row in batch.to_pylist())
-        yield from row_batches(with_dead_letters(items, width), schema)
+    valid = raw.is_valid()
+    columns: list[list[Any]] = [[None] * len(raw) for _ in fields]
+    positions = pc.indices_nonzero(valid).to_pylist()
+    items = (decoder.decode(kafka_record(row)) for row in raw.filter(valid).to_pylist())
+    for position, values in zip(positions, with_dead_letters(items, width), strict=True):
+        for column, value in zip(columns, values, strict=True):
+            column[position] = value
+    return pa.StructArray.from_arrays(
+        [pa.array(column, type=field.type) for column, field in zip(columns, fields, strict=True)],
+        fields=fields,
+        mask=pc.invert(valid),
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,68 @@ def write_task_batches(
     return _stage(ref, sink, task_id, attempt, lambda writer: _feed_batches(writer, batches))
 
 
+def write_task_sinks(
+    ref: SliceRef,
+    sinks: Sequence[tuple[SinkSpec, Sequence[str] | None]],
+    task_id: str,
+    attempt: str,
+    batches: Iterable[pa.RecordBatch],
+) -> list[TaskReport]:
+    """Stage one attempt of one task in every sink at once, from one stream of Arrow batches.
+
+    Each sink gets its columns of each batch (all of them where it names none), in the stream's order,
+    so the task reads and transforms its range once whatever the number of sinks. The steps are
+    `_stage`'s, for all sinks together: begin each; write each batch to each; then, sink by sink,
+    pre-commit. A failure rolls back the staging of every sink not yet pre-committed and fails the task
+    (Spark retries it as another attempt); an attempt that never reports is the sweeper's.
+    """
+    writers: list[tuple[SinkSpec, Sequence[str] | None, SinkWriter]] = []
+    counts = [0] * len(sinks)
+    done = 0
+    try:
+        for sink, columns in sinks:
+            kind = sink_kind(sink.kind)
+            writer = kind.build_writer(kind.config_for(sink, ref.settings))
+            writers.append((sink, columns, writer))
+            writer.begin(_context(ref, sink, task_id, attempt))
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            for index, (_, columns, writer) in enumerate(writers):
+                part = batch if columns is None else batch.select(list(columns))
+                if supports_batches(writer):
+                    writer.write_batch(part)
+                else:  # in the calls `write_task` makes
+                    for rows in _batches(part.to_pylist()):
+                        writer.write(rows)
+                counts[index] += part.num_rows
+        reports = []
+        for index, (sink, _, writer) in enumerate(writers):
+            crash_point("task_after_stage")
+            committable = writer.pre_commit()
+            done = index + 1
+            crash_point("task_after_precommit")
+            reports.append(TaskReport(sink.name, task_id, attempt, counts[index], committable.to_json()))
+    except BaseException:
+        for _, _, writer in writers[done:]:
+            writer.abort()
+        raise
+    return reports
+
+
+def _context(ref: SliceRef, sink: SinkSpec, task_id: str, attempt: str) -> TaskContext:
+    return TaskContext(
+        pipeline=ref.pipeline.name,
+        epoch=ref.epoch,
+        slice=ref.slice,
+        task=task_id,
+        attempt=attempt,
+        sink=sink.name,
+        inputs=ref.slice_ranges,
+        replaces=ref.replaces,
+    )
+
+
 def _stage(
     ref: SliceRef, sink: SinkSpec, task_id: str, attempt: str, feed: Callable[[SinkWriter], int]
 ) -> TaskReport:
@@ -66,18 +128,8 @@ def _stage(
     # 1.
     kind = sink_kind(sink.kind)
     writer = kind.build_writer(kind.config_for(sink, ref.settings))
-    context = TaskContext(
-        pipeline=ref.pipeline.name,
-        epoch=ref.epoch,
-        slice=ref.slice,
-        task=task_id,
-        attempt=attempt,
-        sink=sink.name,
-        inputs=ref.slice_ranges,
-        replaces=ref.replaces,
-    )
     try:
-        writer.begin(context)
+        writer.begin(_context(ref, sink, task_id, attempt))
         # 2.
         count = feed(writer)
         crash_point("task_after_stage")

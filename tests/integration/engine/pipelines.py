@@ -145,3 +145,46 @@ def speculative_pipeline() -> Pipeline:
 
 
 SPECULATIVE = speculative_pipeline()
+
+
+def ordered_pipeline() -> Pipeline:
+    """Records with their source position to Parquet files and a Kafka topic (keyed by source
+    partition), through a narrow transform: for the order of each source partition in the outputs."""
+    files = os.environ.get("ONCEFLOW_TEST_FILES", "/tmp/onceflow-engine-test")
+    return Pipeline(
+        name=os.environ.get("ONCEFLOW_TEST_PIPELINE", "engine-test") + "-ordered",
+        source=KafkaSource(topics=(os.environ.get("ONCEFLOW_TEST_TOPIC", "engine-test"),)),
+        format=JsonFormat(schema={"id": "int", "payload": "string"}),
+        transform="tests.integration.engine.pipelines:tag",
+        sinks=(
+            SinkSpec("ordered_files", "files", {"root": files, "table": "ordered"}),
+            SinkSpec(
+                "ordered_kafka",
+                "kafka",
+                {
+                    "topic": os.environ.get("ONCEFLOW_TEST_OUT_TOPIC", "engine-test-out"),
+                    "staging_root": f"{files}/kafka-staging",
+                    "value_format": "json",
+                    "key_column": "_partition",
+                },
+            ),
+        ),
+        slices=1,
+        max_records_per_task=9,
+    )
+
+
+def tag(frame):  # type: ignore[no-untyped-def]
+    """Drop every id that is 4 mod 5 and add a column: a transform that keeps each partition's rows."""
+    return frame.where(frame.id % 5 != 4).withColumn("twice", frame.id * 2)
+
+
+def tag_and_shuffle(frame):  # type: ignore[no-untyped-def]
+    """`tag`, then every row dealt round-robin to other partitions: a transform that shuffles."""
+    return tag(frame).repartition(2)
+
+
+ORDERED = ordered_pipeline()
+ORDERED_SHUFFLED = replace(ordered_pipeline(), transform="tests.integration.engine.pipelines:tag_and_shuffle")
+# The same records and sinks without a transform, for the local executor.
+ORDERED_PLAIN = replace(ordered_pipeline(), transform=None)

@@ -3,9 +3,12 @@
 One topic holds committed and aborted transactions (so control markers and invisible records sit
 between the committed ones), malformed and non-UTF-8 values, missing, null and wrong-typed fields,
 oversized, key-less and null-value records, and good records of every field type in many spellings.
-Today's Python reader and decoder (`read_task`) and the JVM path (`jvm_read` through the warm Spark
-Connect server) read the same ranges; the test asserts the same rows, the same dead letters with the
-same reasons and offsets, and that the JVM did turn the plainly good records into rows itself.
+Today's Python reader and decoder (`read_task`) and the JVM path (`jvm_read`, through the warm Spark
+Connect server and through a classic local session with Spark's Kafka source on its classpath, as a
+spark-submit driver has it) read the same ranges; the test asserts the same rows, the same dead letters
+with the same reasons and offsets, that the JVM did turn the plainly good records into rows itself, and
+that each read task's records, rows and dead letters alike, come out of its own partition in offset
+order.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,10 +31,11 @@ from onceflow.engine.jvm_read import (
     PYTHON,
     decoded_read,
     jvm_read,
-    kafka_frame,
     kafka_source_missing,
-    slice_ranges,
+    task_kafka_frame,
 )
+from onceflow.engine.slice_job import SLICE_SQL_CONF
+from onceflow.engine.submit import CONNECT_MODE_ENV
 from onceflow.executor.reading import read_task, split
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
@@ -205,8 +211,35 @@ def _tasks(spec: Pipeline, ranges: list[OffsetRange]) -> list[ReadTask]:
     return [ReadTask(f"t{n}", 0, piece) for n, piece in enumerate(pieces)]
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _classic_session() -> Any:
+    """A classic local session with Spark's Kafka source (resolved by `infra/spark.sh jars`)."""
+    from pyspark.sql import SparkSession
+
+    cache = Path(os.environ.get("ONCEFLOW_CACHE") or REPO / ".cache")
+    jars = sorted(cache.glob("spark-kafka-*/jars/*.jar"))
+    assert jars, f"no Spark Kafka source under {cache}: run `infra/spark.sh jars`"
+    builder = SparkSession.builder.master("local[2]").appName("onceflow-conformance")
+    for key, value in {**SLICE_SQL_CONF, "spark.ui.enabled": "false"}.items():
+        builder = builder.config(key, value)
+    builder = builder.config("spark.pyspark.python", sys.executable)
+    return builder.config("spark.jars", ",".join(str(j) for j in jars)).getOrCreate()
+
+
+@pytest.fixture(scope="module", params=["classic", "connect"])
+def spark(request) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    if request.param == "classic":
+        # pyspark picks Spark Connect's column and function classes while this is set (by any earlier
+        # remote session of this process): a classic session needs it unset while it runs.
+        with pytest.MonkeyPatch.context() as patch:
+            for name in CONNECT_MODE_ENV:
+                patch.delenv(name, raising=False)
+            session = _classic_session()
+            yield session
+            session.stop()
+        return
     host, _, port = REMOTE.removeprefix("sc://").split("/", 1)[0].partition(":")
     with socket.socket() as probe:
         probe.settimeout(2)
@@ -222,6 +255,22 @@ def spark() -> Iterator[Any]:
     session = SparkSession.builder.remote(REMOTE).create()
     yield session
     session.stop()
+
+
+def _in_offset_order(got: list[Any], offset_at: int) -> list[str]:
+    """Each source partition's records, in the order the read gave them, must have rising offsets."""
+    last: dict[int, int] = {}
+    problems = []
+    for row in got:
+        if row[DEAD_LETTER_COLUMN] is None:
+            partition, offset = row[offset_at - 1], row[offset_at]
+        else:
+            letter = DeadLetter.from_json(row[DEAD_LETTER_COLUMN])
+            partition, offset = letter.partition, letter.offset
+        if partition in last and offset <= last[partition]:
+            problems.append(f"partition {partition}: offset {offset} after {last[partition]}")
+        last[partition] = offset
+    return problems
 
 
 def _key(letter: DeadLetter) -> tuple[Any, ...]:
@@ -252,23 +301,19 @@ def test_the_jvm_path_gives_the_python_readers_rows_and_dead_letters(
     assert sum(r.span for r in ranges) > read
 
     # The JVM path over the same ranges, through the Connect server.
-    kafka, missing = kafka_source_missing(
-        lambda: kafka_frame(spark, settings.kafka_bootstrap, slice_ranges(ref, tasks), len(tasks))
-    )
+    kafka, missing = kafka_source_missing(lambda: task_kafka_frame(spark, settings.kafka_bootstrap, tasks))
     assert missing is None
     frame, checked = jvm_read(kafka, ref)
-    try:
-        got = frame.collect()
-        accepted = {
-            (r["partition"], r["offset"])
-            for r in checked.where("_accepted").select("partition", "offset").collect()
-        }
-    finally:
-        checked.unpersist()
+    got = frame.collect()  # partition by partition: read task by read task
+    accepted = {
+        (r["partition"], r["offset"])
+        for r in checked.where("_accepted").select("partition", "offset").collect()
+    }
     jvm_rows = [tuple(r)[:-1] for r in got if r[DEAD_LETTER_COLUMN] is None]
     jvm_dead = [DeadLetter.from_json(r[DEAD_LETTER_COLUMN]) for r in got if r[DEAD_LETTER_COLUMN] is not None]
 
     offset_at = len(rows[0]) - 2
+    assert _in_offset_order(got, offset_at) == []
     assert sorted(jvm_rows, key=lambda r: (r[-3], r[offset_at])) == sorted(
         rows, key=lambda r: (r[-3], r[offset_at])
     )
@@ -298,12 +343,12 @@ def test_a_fault_plan_keeps_the_python_reader(settings, make_topic, spark, tmp_p
     spec = _pipeline(topic, str(tmp_path))
     ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=settings)
     tasks = _tasks(spec, ranges)
-    with decoded_read(spark, ref, tasks) as read:
-        assert read.path == JVM
-        warm = sorted(tuple(r) for r in read.frame.collect())
+    read = decoded_read(spark, ref, tasks)
+    assert read.path == JVM
+    warm = [tuple(r) for r in read.frame.collect()]
     # Armed in this (the driver's) process only: the server's Python workers never crash here.
     monkeypatch.setenv("ONCEFLOW_CRASH_AT", "task_mid_read")
-    with decoded_read(spark, ref, tasks) as read:
-        assert read.path == PYTHON and read.reason == "a fault plan is armed"
-        assert sorted(tuple(r) for r in read.frame.collect()) == warm
+    read = decoded_read(spark, ref, tasks)
+    assert read.path == PYTHON and read.reason == "a fault plan is armed"
+    assert [tuple(r) for r in read.frame.collect()] == warm  # the same records, in the same order
     assert len(warm) == 6

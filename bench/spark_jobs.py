@@ -1,0 +1,119 @@
+"""`python -m bench.spark_jobs`: what one epoch costs Spark itself, read from Spark's REST API.
+
+Produces ``--records`` records, runs one epoch of the bench's files pipeline (decode, filter,
+projection) on the warm runtime (``ONCEFLOW_SPARK_REMOTE``), then asks the Connect server's REST API
+(``/api/v1/applications/<id>/jobs`` and ``/stages/<id>``) for the jobs its slices ran (each slice tags
+its queries, `onceflow.engine.connect.slice_tag`): how many jobs, stages and tasks, and how many bytes
+they shuffled. A slice in one pass is one job of one stage with no shuffle. Prints one JSON object;
+writes only under a temporary folder (its ledger too) and to a topic of its own, both deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench import pipelines
+from bench.dataset import delete_topics, produce
+from bench.pipelines import SPEC_ENV, SPEC_PATH, bench_pipeline
+
+
+def rest(ui: str, path: str) -> Any:
+    """One answer of Spark's REST API (``ui`` is the application's web UI, e.g. http://host:4040)."""
+    with urllib.request.urlopen(f"{ui.rstrip('/')}/api/v1/{path}", timeout=30) as answer:
+        return json.load(answer)
+
+
+def tagged_jobs(ui: str, tag: str) -> tuple[str, list[dict[str, Any]]]:
+    """The application's id and its jobs whose tags contain ``tag`` (Spark Connect prefixes a client's
+    tags with its session's)."""
+    app = rest(ui, "applications")[0]["id"]
+    jobs = rest(ui, f"applications/{app}/jobs")
+    return app, [j for j in jobs if any(tag in t for t in j.get("jobTags", ()))]
+
+
+def job_costs(ui: str, app: str, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Jobs, the stages they ran (skipped ones apart), tasks, and shuffle bytes read and written."""
+    stages = tasks = shuffle_read = shuffle_write = skipped = 0
+    for stage_id in sorted({s for job in jobs for s in job["stageIds"]}):
+        for attempt in rest(ui, f"applications/{app}/stages/{stage_id}"):
+            if attempt["status"] == "SKIPPED":
+                skipped += 1
+                continue
+            stages += 1
+            tasks += int(attempt["numTasks"])
+            shuffle_read += int(attempt["shuffleReadBytes"])
+            shuffle_write += int(attempt["shuffleWriteBytes"])
+    return {
+        "jobs": len(jobs),
+        "stages": stages,
+        "skipped_stages": skipped,
+        "tasks": tasks,
+        "shuffle_read_bytes": shuffle_read,
+        "shuffle_write_bytes": shuffle_write,
+        "job_seconds": [
+            round(_seconds(j["completionTime"]) - _seconds(j["submissionTime"]), 2)
+            for j in sorted(jobs, key=lambda j: j["jobId"])
+            if j.get("completionTime")
+        ],
+    }
+
+
+def _seconds(stamp: str) -> float:
+    """Seconds since the epoch of a REST API time such as ``2026-11-25T15:04:05.123GMT``."""
+    from datetime import UTC, datetime
+
+    parsed = datetime.strptime(stamp.removesuffix("GMT"), "%Y-%m-%dT%H:%M:%S.%f")
+    return parsed.replace(tzinfo=UTC).timestamp()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    host, port = os.environ.get("ONCEFLOW_SPARK_HOST", "127.0.0.1"), os.environ.get("ONCEFLOW_SPARK_UI_PORT")
+    parser.add_argument("--ui", default=f"http://{host}:{port or 14040}", help="the Connect server's web UI")
+    args = parser.parse_args(argv)
+    from onceflow.config import Settings
+    from onceflow.engine.connect import slice_tag
+    from onceflow.engine.runner import run_epoch
+    from onceflow.ledger import Ledger
+
+    workdir = Path(tempfile.mkdtemp(prefix="onceflow-bench-jobs-"))
+    settings = Settings.from_env({**os.environ, "ONCEFLOW_LEDGER_URL": f"sqlite:///{workdir / 'ledger.db'}"})
+    with Ledger.connect(settings.ledger_url, check=False) as ledger:  # a ledger of its own
+        ledger.upgrade()
+    dataset = produce(settings.kafka_bootstrap, args.records, prefix="bench-jobs")
+    name = f"bench-jobs-{uuid.uuid4().hex[:8]}"
+    spec = bench_pipeline("files", name, dataset.topic, workdir, batch_per_partition=args.records)
+    os.environ[SPEC_ENV] = spec.to_json()
+    importlib.reload(pipelines)  # its SPEC is read from the environment at import
+    try:
+        started = time.perf_counter()
+        outcome = run_epoch(SPEC_PATH, settings, executor="connect")
+        seconds = time.perf_counter() - started
+        tag = slice_tag(spec.name, outcome.epoch.number, 0, outcome.epoch.attempt_token).rsplit("-s0-", 1)[0]
+        app, jobs = tagged_jobs(args.ui, tag)
+        result = {
+            "records": args.records,
+            "slices": len(outcome.planned.slices_with_tasks),
+            "epoch_seconds": round(seconds, 2),
+            **job_costs(args.ui, app, jobs),
+        }
+    finally:
+        delete_topics(settings.kafka_bootstrap, [dataset.topic])
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
