@@ -18,9 +18,11 @@ from typing import Any
 
 from bench.dataset import PARTITIONS, amount_of
 from bench.pipelines import PG_COLUMNS
+from onceflow.config import Settings
 from onceflow.offsets import OffsetRange
 from onceflow.sinks import build_committer, build_writer
 from onceflow.sinks.base import Committable, TaskContext
+from onceflow.sinks.registry import sink_kind
 
 SINK_KINDS = ("postgres_2pc", "files", "kafka")
 
@@ -34,12 +36,15 @@ def _rows(kind: str, task: int, count: int) -> Iterator[dict[str, Any]]:
             yield row
 
 
-def _config(kind: str, name: str, workdir: Path, topic: str) -> dict[str, Any]:
+def _config(kind: str, name: str, workdir: Path, topic: str, settings: Settings) -> dict[str, Any]:
+    """The sink's config as `SinkKind.config_for` makes it: the deployment's defaults, then its own."""
     if kind == "files":
-        return {"root": str(workdir / "files"), "table": name, "name": "out"}
-    if kind == "kafka":
-        return {"topic": topic, "staging_root": str(workdir / "kafka-staging"), "name": "out"}
-    return {"table": name, "columns": PG_COLUMNS, "name": "out"}
+        own: dict[str, Any] = {"root": str(workdir / "files"), "table": name}
+    elif kind == "kafka":
+        own = {"topic": topic, "staging_root": str(workdir / "kafka-staging")}
+    else:
+        own = {"table": name, "columns": PG_COLUMNS}
+    return {**sink_kind(kind).defaults(settings), **own, "name": "out"}
 
 
 def stage(kind: str, config: dict[str, Any], pipeline: str, rows: int, topic: str) -> list[Committable]:
@@ -65,26 +70,26 @@ def stage(kind: str, config: dict[str, Any], pipeline: str, rows: int, topic: st
     return committables
 
 
-def commit_seconds(kind: str, rows: int, workdir: Path, settings_dsn: str, topic: str) -> float:
+def commit_seconds(kind: str, rows: int, workdir: Path, settings: Settings, topic: str) -> float:
     """Stage then commit one epoch of ``rows`` rows in a fresh table/folder; returns the commit's seconds.
 
     ``topic`` (4 partitions) receives the Kafka sink's records and stands for the epoch's input.
     """
-    return stage_and_commit_seconds(kind, rows, workdir, settings_dsn, topic)[1]
+    return stage_and_commit_seconds(kind, rows, workdir, settings, topic)[1]
 
 
 def stage_and_commit_seconds(
-    kind: str, rows: int, workdir: Path, settings_dsn: str, topic: str
+    kind: str, rows: int, workdir: Path, settings: Settings, topic: str
 ) -> tuple[float, float]:
     """(seconds to write and pre-commit an epoch through the sink's writers, seconds to commit it)."""
     name = f"bench_commit_{uuid.uuid4().hex[:8]}"
-    config = _config(kind, name, workdir, topic)
+    config = _config(kind, name, workdir, topic, settings)
     started = time.perf_counter()
     committables = stage(kind, config, f"bench-commit-{uuid.uuid4().hex[:6]}", rows, topic)
     staged = time.perf_counter()
     build_committer(kind, config).commit(committables)
     committed = time.perf_counter()
-    _cleanup(kind, name, workdir, settings_dsn, committables[0].pipeline)
+    _cleanup(kind, name, workdir, settings.pg_dsn, committables[0].pipeline)
     return staged - started, committed - staged
 
 

@@ -156,9 +156,7 @@ def run(sizes: list[int], runs: int, settings: Settings, pipeline_records: int =
             for n in sizes:
                 commit["iceberg"][n].append(iceberg_seconds(n, workdir, topic))
                 for kind, key in (("files", "files"), ("postgres_2pc", "pg")):
-                    commit[key][n].append(
-                        commit_cost.commit_seconds(kind, n, workdir, settings.pg_dsn, topic)
-                    )
+                    commit[key][n].append(commit_cost.commit_seconds(kind, n, workdir, settings, topic))
         batches = task_batches(largest)
         for _ in range(runs + 1):  # the first round warms both sinks up (imports, catalog): dropped
             files_config = {"root": str(workdir / "path"), "table": uuid.uuid4().hex[:8], "name": "out"}

@@ -138,7 +138,7 @@ class Bench:
             for kind in commit_cost.SINK_KINDS:
                 for rows in sizes:
                     seconds = [
-                        commit_cost.commit_seconds(kind, rows, self.workdir, self.settings.pg_dsn, topic)
+                        commit_cost.commit_seconds(kind, rows, self.workdir, self.settings, topic)
                         for _ in range(self.runs)
                     ]
                     out.setdefault(kind, {})[str(rows)] = seconds
@@ -160,7 +160,7 @@ class Bench:
                     entry: dict[str, float] = {}
                     for kind in ("plain", "postgres_2pc"):
                         stage_s, commit_s = commit_cost.stage_and_commit_seconds(
-                            kind, rows, self.workdir, self.settings.pg_dsn, topic
+                            kind, rows, self.workdir, self.settings, topic
                         )
                         entry[f"{kind}_s"] = stage_s + commit_s
                     rounds.append(entry)

@@ -1,4 +1,4 @@
-"""The soak in the suite: ten minutes (ONCEFLOW_SOAK_MINUTES) of steady load on every sink kind and keyed
+"""The soak in the suite: four minutes (ONCEFLOW_SOAK_MINUTES) of steady load on every sink kind and keyed
 state, a seeded fault about once a minute, then exactly-once from the outputs and bounded resources.
 
 Bounded, concretely (`tests.faults.soak_resources`): at every sample (once a minute, between steps) no
@@ -18,7 +18,7 @@ from tests.faults import soak
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
-MINUTES = float(os.environ.get("ONCEFLOW_SOAK_MINUTES", "10"))
+MINUTES = float(os.environ.get("ONCEFLOW_SOAK_MINUTES", "4"))
 SEED = int(os.environ.get("ONCEFLOW_SOAK_SEED", "20261205"))
 
 
