@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,20 +76,25 @@ def kafka_records(bootstrap: str, topic: str) -> list[tuple[int, dict[str, Any]]
     return found
 
 
+def _inversions(rows: Iterable[tuple[Any, int]], where: Callable[[Any], str]) -> list[str]:
+    """One line per row whose offset is not above the last one of its group (an output partition and
+    source partition, or a file and source partition): the order invariant, checked once for every
+    output that has an order."""
+    last: dict[Any, int] = {}
+    problems = []
+    for group, offset in rows:
+        if group in last and offset <= last[group]:
+            problems.append(f"{where(group)} offset {offset} after {last[group]}")
+        last[group] = offset
+    return problems
+
+
 def order_violations(records: list[tuple[int, dict[str, Any]]]) -> list[str]:
     """Within each output partition, each source partition's records must keep their offset order."""
-    last: dict[tuple[int, int], int] = {}
-    problems = []
-    for out_partition, value in records:
-        key = (out_partition, int(value["_partition"]))
-        offset = int(value["_offset"])
-        if key in last and offset <= last[key]:
-            problems.append(
-                f"kafka output partition {out_partition}: source partition {key[1]} offset "
-                f"{offset} after {last[key]}"
-            )
-        last[key] = offset
-    return problems
+    return _inversions(
+        (((out, int(value["_partition"])), int(value["_offset"])) for out, value in records),
+        lambda g: f"kafka output partition {g[0]}: source partition {g[1]}",
+    )
 
 
 def files_order_violations(root: Path | str, table: str) -> list[str]:
@@ -99,15 +105,10 @@ def files_order_violations(root: Path | str, table: str) -> list[str]:
     problems = []
     for path in committed_files(Path(root) / table):
         rows = pq.read_table(path, columns=["_partition", "_offset"]).to_pylist()
-        last: dict[int, int] = {}
-        for row in rows:
-            partition, offset = int(row["_partition"]), int(row["_offset"])
-            if partition in last and offset <= last[partition]:
-                problems.append(
-                    f"files table {table}, {path.name}: source partition {partition} offset {offset} "
-                    f"after {last[partition]}"
-                )
-            last[partition] = offset
+        problems += _inversions(
+            ((int(row["_partition"]), int(row["_offset"])) for row in rows),
+            lambda partition, name=path.name: f"files table {table}, {name}: source partition {partition}",
+        )
     return problems
 
 
