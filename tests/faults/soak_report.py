@@ -6,6 +6,7 @@ says so and the JSON still holds every sample.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ PANELS = (
 )
 FAULT_COLOURS = {"crash": "tab:red", "kafka_restart": "tab:blue", "postgres_restart": "tab:green"}
 STEPS = ("plan", "process", "commit")
+# The line `tests.faults.invariants` writes for a record that comes before one of lower offset.
+INVERSION = re.compile(r": source partition \d+ offset \d+ after \d+$")
 SPARK_COLOUR = "tab:orange"  # the Spark kinds; the cluster kinds are purple
 
 
@@ -44,6 +47,12 @@ def markdown(data: Mapping[str, Any]) -> str:
         f"{verdict['duplicated_exactly_once']} in exactly-once sinks "
         f"({verdict['duplicated_at_least_once']} in the at-least-once plain and WAL sinks, as they may), "
         f"aborted reads {verdict['aborted_read']}.",
+    ]
+    inversions = [v for v in verdict["violations"] if INVERSION.search(v)]
+    lines += [
+        "",
+        f"Order: {len(inversions)} inversions of a source partition's offsets among the records of the "
+        "Kafka output (per output partition) and the files sink's rows (per committed file).",
     ]
     if data["error"]:
         lines += ["", f"The run stopped early: `{data['error'][:500]}`"]
