@@ -1,0 +1,212 @@
+"""Avro records in the schema registry wire format, from the real Kafka through epochs of the local
+executor: rows of two writer schema versions, every bad record one dead letter with its code, and a
+registry that does not answer aborting the epoch, whose range the next epoch then delivers.
+
+The writer schemas come from a folder (`onceflow.schema_registry.FolderSchemaRegistry`), the registry
+the test can hold still; the HTTP client is the same interface.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import io
+import json
+import os
+import socket
+import struct
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from fastavro import parse_schema, schemaless_writer
+
+from onceflow.config import Settings
+from onceflow.engine.runner import ProcessFailed, run_epoch
+from onceflow.ledger import EpochStatus, Ledger
+from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.sinks.files import read_committed_table
+
+pytestmark = pytest.mark.integration
+
+AMOUNT = {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}
+AT = {"type": "long", "logicalType": "timestamp-millis"}
+V1 = {
+    "type": "record",
+    "name": "Order",
+    "fields": [{"name": "id", "type": "int"}, {"name": "amount", "type": AMOUNT}, {"name": "at", "type": AT}],
+}
+# Version 2 widens id and adds a nullable coupon with a default: records of version 1 still read.
+V2 = {
+    "type": "record",
+    "name": "Order",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "amount", "type": AMOUNT},
+        {"name": "at", "type": AT},
+        {"name": "coupon", "type": ["null", "string"], "default": None},
+    ],
+}
+# A writer the reader cannot resolve (id as text), and one whose amount may be null.
+TEXT_ID = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "string"}]}
+NULLABLE = {
+    "type": "record",
+    "name": "Order",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "amount", "type": ["null", AMOUNT]},
+        {"name": "at", "type": AT},
+    ],
+}
+SCHEMAS = {1: V1, 2: V2, 3: TEXT_ID, 4: NULLABLE}
+START = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
+
+PIPELINE: Pipeline  # set by the test, found by the runner as f"{__name__}:PIPELINE"
+
+
+def framed(schema_id: int, record: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    schemaless_writer(out, parse_schema(SCHEMAS[schema_id]), record)
+    return b"\x00" + struct.pack(">I", schema_id) + out.getvalue()
+
+
+def order(i: int) -> dict[str, Any]:
+    return {"id": i, "amount": decimal.Decimal(i) / 4, "at": START + dt.timedelta(seconds=i)}
+
+
+def schema_folder(folder: Path) -> str:
+    folder.mkdir()
+    entries = []
+    for schema_id, schema in SCHEMAS.items():
+        (folder / f"v{schema_id}.avsc").write_text(json.dumps(schema))
+        subject = "orders-value" if schema_id <= 2 else "other-value"
+        entries.append(
+            {"id": schema_id, "subject": subject, "version": schema_id, "file": f"v{schema_id}.avsc"}
+        )
+    (folder / "registry.json").write_text(json.dumps({"schemas": entries}))
+    return f"file://{folder}"
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def set_pipeline(topic: str, fmt: AvroFormat, tmp_path: Path) -> tuple[str, Path]:
+    """The module's PIPELINE, for the runner to find: ``fmt`` from ``topic`` to a files table."""
+    global PIPELINE
+    name, files = f"avro_{uuid.uuid4().hex[:8]}", tmp_path / "files"
+    sink = SinkSpec("orders", "files", {"root": str(files), "table": "orders"})
+    PIPELINE = Pipeline(name, KafkaSource((topic,)), fmt, (sink,))
+    return name, files
+
+
+def registry_settings(tmp_path: Path) -> tuple[Settings, Settings]:
+    """Settings with a registry that does not answer, and with the folder of schemas; one ledger."""
+    base = {
+        **os.environ,
+        "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp_path}/ledger.db",
+        "ONCEFLOW_HOME": str(tmp_path),
+    }
+    folder = schema_folder(tmp_path / "schemas")
+    down = Settings.from_env(
+        {**base, "ONCEFLOW_SCHEMA_REGISTRY_URL": f"http://u:pw@127.0.0.1:{closed_port()}"}
+    )
+    up = Settings.from_env({**base, "ONCEFLOW_SCHEMA_REGISTRY_URL": folder})
+    with Ledger.connect(up.ledger_url, check=False) as ledger:
+        ledger.upgrade()
+    return down, up
+
+
+def test_avro_orders_of_two_versions_become_rows_and_bad_records_dead_letters(
+    settings: Settings, make_topic: Any, tmp_path: Path
+) -> None:
+    global PIPELINE
+    topic = make_topic("avro")
+    name = f"avro_{uuid.uuid4().hex[:8]}"
+    files = tmp_path / "files"
+    PIPELINE = Pipeline(
+        name,
+        KafkaSource((topic,)),
+        AvroFormat(subject="orders-value", key_field="order_key"),
+        (SinkSpec("orders", "files", {"root": str(files), "table": "orders"}),),
+    )
+    base = {
+        **os.environ,
+        "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp_path}/ledger.db",
+        "ONCEFLOW_HOME": str(tmp_path),
+    }
+    folder = schema_folder(tmp_path / "schemas")
+    down = Settings.from_env(
+        {**base, "ONCEFLOW_SCHEMA_REGISTRY_URL": f"http://u:pw@127.0.0.1:{closed_port()}"}
+    )
+    up = Settings.from_env({**base, "ONCEFLOW_SCHEMA_REGISTRY_URL": folder})
+    with Ledger.connect(up.ledger_url, check=False) as ledger:
+        ledger.upgrade()
+
+    good = [framed(1, order(i)) for i in range(0, 5)]
+    good += [framed(2, {**order(i), "coupon": f"C{i}"}) for i in range(5, 10)]
+    bad = {
+        "bad_magic_byte": b'{"id": 1}',
+        "unknown_schema_id": b"\x00\x00\x00\x00\x63" + framed(2, {**order(98), "coupon": None})[5:],
+        "malformed_avro": framed(2, {**order(97), "coupon": None})[:-4],
+        "incompatible_schema": framed(3, {"id": "A-1"}),
+        "null_field": framed(4, {"id": 99, "amount": None, "at": START}),
+    }
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for i, value in enumerate(good):
+        producer.produce(topic, key=f"k{i}".encode(), value=value)
+    for code, value in bad.items():
+        producer.produce(topic, key=code.encode(), value=value)
+    producer.flush(30)
+
+    # The subject's schema cannot be pinned while the registry is down: the epoch aborts, in one line.
+    with pytest.raises(ProcessFailed) as failed:
+        run_epoch(f"{__name__}:PIPELINE", down, executor="local")
+    assert "schema registry http://u:***@127.0.0.1:" in str(failed.value)
+    assert "is unreachable for subject 'orders-value'" in str(failed.value)
+    with Ledger.connect(up.ledger_url) as ledger:
+        aborted = ledger.epoch(name, 1)
+        assert aborted.status == EpochStatus.ABORTED
+        assert "unreachable" in (aborted.abort_reason or "") and ":pw@" not in (aborted.abort_reason or "")
+        assert ledger.dead_letters(name) == []
+
+    outcome = run_epoch(f"{__name__}:PIPELINE", up, executor="local")  # replays the aborted range
+    assert outcome.epoch.status == EpochStatus.COMMITTED and outcome.epoch.number == 2
+    table = read_committed_table(files, "orders").sort_by("id")
+    assert table.column("id").to_pylist() == list(range(10))
+    assert table.column("amount").to_pylist() == [decimal.Decimal(i) / 4 for i in range(10)]
+    assert table.column("at").to_pylist()[3] == START + dt.timedelta(seconds=3)
+    assert table.column("coupon").to_pylist() == [None] * 5 + [f"C{i}" for i in range(5, 10)]
+    assert table.column("order_key").to_pylist() == [f"k{i}" for i in range(10)]
+    with Ledger.connect(up.ledger_url) as ledger:
+        letters = {d.letter.key: d.letter for d in ledger.dead_letters(name)}
+    assert sorted(letters) == sorted(code.encode() for code in bad)
+    for code, letter in letters.items():
+        assert letter.reason.startswith(f"{code.decode()}: "), letter.reason
+        assert letter.offset == len(good) + list(bad).index(code.decode())
+
+
+def test_a_registry_that_stops_answering_mid_decode_aborts_the_epoch_and_no_record_is_dead_lettered(
+    settings: Settings, make_topic: Any, tmp_path: Path
+) -> None:
+    """The reader schema from a file: only writer ids need the registry, looked up while decoding."""
+    topic = make_topic("avro")
+    reader = tmp_path / "order.avsc"
+    reader.write_text(json.dumps(V2))
+    name, files = set_pipeline(topic, AvroFormat(schema_file=str(reader)), tmp_path)
+    down, up = registry_settings(tmp_path)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for i in range(6):
+        producer.produce(topic, value=framed(1 + i % 2, {**order(i), "coupon": None}))
+    producer.flush(30)
+    with pytest.raises(ProcessFailed, match="is unreachable for schema id 1"):
+        run_epoch(f"{__name__}:PIPELINE", down, executor="local")
+    with Ledger.connect(up.ledger_url) as ledger:
+        assert ledger.epoch(name, 1).status == EpochStatus.ABORTED
+        assert ledger.dead_letters(name) == []
+    assert run_epoch(f"{__name__}:PIPELINE", up, executor="local").epoch.status == EpochStatus.COMMITTED
+    assert sorted(read_committed_table(files, "orders").column("id").to_pylist()) == list(range(6))
