@@ -583,7 +583,15 @@ def wanted_columns(spec: Pipeline, config: IcebergConfig) -> list[tuple[str, str
     if spec.transform is None and spec.state is None:
         from onceflow.records import row_columns
 
-        return [(name, tables.ROW_TYPES[type_name]) for name, type_name, _ in row_columns(spec.format)]
+        columns = row_columns(spec.format)
+        unmapped = [
+            f"{name} ({type_name})" for name, type_name, _ in columns if type_name not in tables.ROW_TYPES
+        ]
+        if unmapped:
+            raise ConfigError(
+                f"{config.where}: the decoded rows' columns {unmapped} have no Iceberg type in this sink yet"
+            )
+        return [(name, tables.ROW_TYPES[type_name]) for name, type_name, _ in columns]
     return None
 
 
