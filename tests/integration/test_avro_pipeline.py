@@ -179,6 +179,7 @@ def test_avro_orders_of_two_versions_become_rows_and_bad_records_dead_letters(
     table = read_committed_table(files, "orders").sort_by("id")
     assert table.column("id").to_pylist() == list(range(10))
     assert table.column("amount").to_pylist() == [decimal.Decimal(i) / 4 for i in range(10)]
+    assert str(table.schema.field("amount").type) == "decimal128(38, 2)"
     assert table.column("at").to_pylist()[3] == START + dt.timedelta(seconds=3)
     assert table.column("coupon").to_pylist() == [None] * 5 + [f"C{i}" for i in range(5, 10)]
     assert table.column("order_key").to_pylist() == [f"k{i}" for i in range(10)]
