@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from confluent_kafka import Producer
 from fastavro import parse_schema, schemaless_writer
@@ -95,12 +96,13 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def set_pipeline(topic: str, fmt: AvroFormat, tmp_path: Path) -> tuple[str, Path]:
-    """The module's PIPELINE, for the runner to find: ``fmt`` from ``topic`` to a files table."""
+def set_pipeline(topic: str, fmt: AvroFormat, tmp_path: Path, *more: SinkSpec) -> tuple[str, Path]:
+    """The module's PIPELINE, for the runner to find: ``fmt`` from ``topic`` to a files table (and
+    ``more`` sinks)."""
     global PIPELINE
     name, files = f"avro_{uuid.uuid4().hex[:8]}", tmp_path / "files"
     sink = SinkSpec("orders", "files", {"root": str(files), "table": "orders"})
-    PIPELINE = Pipeline(name, KafkaSource((topic,)), fmt, (sink,))
+    PIPELINE = Pipeline(name, KafkaSource((topic,)), fmt, (sink, *more))
     return name, files
 
 
@@ -122,30 +124,14 @@ def registry_settings(tmp_path: Path) -> tuple[Settings, Settings]:
 
 
 def test_avro_orders_of_two_versions_become_rows_and_bad_records_dead_letters(
-    settings: Settings, make_topic: Any, tmp_path: Path
+    settings: Settings, make_topic: Any, pg_database: str, tmp_path: Path
 ) -> None:
-    global PIPELINE
     topic = make_topic("avro")
-    name = f"avro_{uuid.uuid4().hex[:8]}"
-    files = tmp_path / "files"
-    PIPELINE = Pipeline(
-        name,
-        KafkaSource((topic,)),
-        AvroFormat(subject="orders-value", key_field="order_key"),
-        (SinkSpec("orders", "files", {"root": str(files), "table": "orders"}),),
-    )
-    base = {
-        **os.environ,
-        "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp_path}/ledger.db",
-        "ONCEFLOW_HOME": str(tmp_path),
-    }
-    folder = schema_folder(tmp_path / "schemas")
-    down = Settings.from_env(
-        {**base, "ONCEFLOW_SCHEMA_REGISTRY_URL": f"http://u:pw@127.0.0.1:{closed_port()}"}
-    )
-    up = Settings.from_env({**base, "ONCEFLOW_SCHEMA_REGISTRY_URL": folder})
-    with Ledger.connect(up.ledger_url, check=False) as ledger:
-        ledger.upgrade()
+    columns = {"id": "bigint", "amount": "numeric(9,2)", "at": "timestamptz", "coupon": "text"}
+    pg = SinkSpec("orders_pg", "postgres_2pc", {"dsn": pg_database, "table": "orders", "columns": columns})
+    fmt = AvroFormat(subject="orders-value", key_field="order_key")
+    name, files = set_pipeline(topic, fmt, tmp_path, pg)
+    down, up = registry_settings(tmp_path)
 
     good = [framed(1, order(i)) for i in range(0, 5)]
     good += [framed(2, {**order(i), "coupon": f"C{i}"}) for i in range(5, 10)]
@@ -183,6 +169,12 @@ def test_avro_orders_of_two_versions_become_rows_and_bad_records_dead_letters(
     assert table.column("at").to_pylist()[3] == START + dt.timedelta(seconds=3)
     assert table.column("coupon").to_pylist() == [None] * 5 + [f"C{i}" for i in range(5, 10)]
     assert table.column("order_key").to_pylist() == [f"k{i}" for i in range(10)]
+    with psycopg.connect(pg_database) as conn:
+        stored = conn.execute("SELECT id, amount, at, coupon FROM orders ORDER BY id").fetchall()
+    assert stored == [
+        (i, decimal.Decimal(i) / 4, START + dt.timedelta(seconds=i), None if i < 5 else f"C{i}")
+        for i in range(10)
+    ]
     with Ledger.connect(up.ledger_url) as ledger:
         letters = {d.letter.key: d.letter for d in ledger.dead_letters(name)}
     assert sorted(letters) == sorted(code.encode() for code in bad)
