@@ -28,6 +28,8 @@ from onceflow.config import Settings
 from onceflow.engine.runner import ProcessFailed, run_epoch
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.records import KafkaRecord, RowDecoder
+from onceflow.schema_registry import FolderSchemaRegistry
 from onceflow.sinks.files import read_committed_table
 
 pytestmark = pytest.mark.integration
@@ -61,7 +63,17 @@ NULLABLE = {
         {"name": "at", "type": AT},
     ],
 }
-SCHEMAS = {1: V1, 2: V2, 3: TEXT_ID, 4: NULLABLE}
+# What the Kafka sink writes: the order without its coupon, and the partition it came from.
+OUT = {
+    "type": "record",
+    "name": "OrderOut",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "amount", "type": AMOUNT},
+        {"name": "_partition", "type": "int"},
+    ],
+}
+SCHEMAS = {1: V1, 2: V2, 3: TEXT_ID, 4: NULLABLE, 5: OUT}
 START = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
 
 PIPELINE: Pipeline  # set by the test, found by the runner as f"{__name__}:PIPELINE"
@@ -82,7 +94,7 @@ def schema_folder(folder: Path) -> str:
     entries = []
     for schema_id, schema in SCHEMAS.items():
         (folder / f"v{schema_id}.avsc").write_text(json.dumps(schema))
-        subject = "orders-value" if schema_id <= 2 else "other-value"
+        subject = {1: "orders-value", 2: "orders-value", 5: "orders-out-value"}.get(schema_id, "other-value")
         entries.append(
             {"id": schema_id, "subject": subject, "version": schema_id, "file": f"v{schema_id}.avsc"}
         )
@@ -203,3 +215,36 @@ def test_a_registry_that_stops_answering_mid_decode_aborts_the_epoch_and_no_reco
         assert ledger.dead_letters(name) == []
     assert run_epoch(f"{__name__}:PIPELINE", up, executor="local").epoch.status == EpochStatus.COMMITTED
     assert sorted(read_committed_table(files, "orders").column("id").to_pylist()) == list(range(6))
+
+
+def test_the_kafka_sink_publishes_avro_records_of_the_subjects_latest_schema(
+    settings: Settings, make_topic: Any, tmp_path: Path
+) -> None:
+    from tests.integration.test_sink_kafka import read_topic
+
+    topic, out = make_topic("avro"), make_topic("avro-out")
+    sink = SinkSpec(
+        "orders_out",
+        "kafka",
+        {"topic": out, "staging_root": str(tmp_path / "staging"), "value_format": "avro", "key_column": "id"},
+    )
+    set_pipeline(topic, AvroFormat(subject="orders-value"), tmp_path, sink)
+    _, up = registry_settings(tmp_path)
+    (tmp_path / "schemas" / "registry.json").write_text(
+        (tmp_path / "schemas" / "registry.json").read_text().replace('"orders-out-value"', f'"{out}-value"')
+    )
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for i in range(4):
+        producer.produce(topic, value=framed(1 + i % 2, {**order(i), "coupon": None}))
+    producer.flush(30)
+    assert run_epoch(f"{__name__}:PIPELINE", up, executor="local").epoch.status == EpochStatus.COMMITTED
+    records = read_topic(settings.kafka_bootstrap, out, 1, "read_committed")
+    assert [key for _, key, _ in records] == [b"0", b"1", b"2", b"3"]
+    assert all(value[:5] == b"\x00\x00\x00\x00\x05" for _, _, value in records)
+    reader = tmp_path / "out.avsc"  # without _partition, a name rows reserve: Avro resolution drops it
+    reader.write_text(json.dumps({**OUT, "fields": OUT["fields"][:2]}))
+    decoder = RowDecoder(
+        AvroFormat(schema_file=str(reader)), 10_000, FolderSchemaRegistry(tmp_path / "schemas")
+    )
+    rows = [decoder.decode_row(KafkaRecord(out, 0, i, None, k, v)) for i, (_, k, v) in enumerate(records)]
+    assert [(r["id"], r["amount"]) for r in rows] == [(i, decimal.Decimal(i) / 4) for i in range(4)]  # type: ignore[index]
