@@ -248,3 +248,36 @@ def test_the_kafka_sink_publishes_avro_records_of_the_subjects_latest_schema(
     )
     rows = [decoder.decode_row(KafkaRecord(out, 0, i, None, k, v)) for i, (_, k, v) in enumerate(records)]
     assert [(r["id"], r["amount"]) for r in rows] == [(i, decimal.Decimal(i) / 4) for i in range(4)]  # type: ignore[index]
+
+
+def test_avro_orders_through_spark_submit_with_a_transform(
+    settings: Settings, make_topic: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Python reader inside Spark tasks: decimals, timestamps and dead letters as on the local path."""
+    import importlib
+
+    from tests.integration import avro_pipelines
+
+    topic, name = make_topic("avro"), f"avro_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("AVRO_TEST_TOPIC", topic)
+    monkeypatch.setenv("AVRO_TEST_PIPELINE", name)
+    monkeypatch.setenv("AVRO_TEST_FILES", str(tmp_path / "files"))
+    importlib.reload(avro_pipelines)
+    _, up = registry_settings(tmp_path)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for i in range(8):
+        producer.produce(topic, key=f"k{i}".encode(), value=framed(1 + i % 2, {**order(i), "coupon": None}))
+    producer.produce(topic, key=b"bad", value=framed(4, {"id": 99, "amount": None, "at": START}))
+    producer.flush(30)
+    outcome = run_epoch("tests.integration.avro_pipelines:AVRO_ORDERS", up, executor="submit")
+    assert outcome.epoch.status == EpochStatus.COMMITTED and outcome.executor == "submit"
+    table = read_committed_table(tmp_path / "files", "orders").sort_by("id")
+    assert table.column("id").to_pylist() == list(range(4, 8))  # amount i/4 >= 1
+    assert table.column("amount").to_pylist() == [decimal.Decimal(i) / 4 for i in range(4, 8)]
+    assert table.column("at").to_pylist() == [START + dt.timedelta(seconds=i) for i in range(4, 8)]
+    assert table.column("order_key").to_pylist() == [f"k{i}" for i in range(4, 8)]
+    with Ledger.connect(up.ledger_url) as ledger:
+        reasons = [d.letter.reason for d in ledger.dead_letters(name)]
+    assert reasons == [
+        "null_field: field 'amount' is null (writer schema id 4), the reader schema requires it"
+    ]
