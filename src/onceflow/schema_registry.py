@@ -141,12 +141,15 @@ class FolderSchemaRegistry:
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         self.cache_key = f"file://{self.folder.resolve()}"
+        self._entries = self._manifest()
+
+    def _manifest(self) -> list[tuple[int, str, int, str]]:
+        """The manifest's (id, subject, version, file) entries, read now: a person may add a version to
+        the folder while pipelines run, as a producer registers one in a registry server."""
         manifest = self.folder / self.MANIFEST
         try:
             entries = json.loads(manifest.read_text(encoding="utf-8"))["schemas"]
-            self._entries = [
-                (int(e["id"]), str(e["subject"]), int(e["version"]), str(e["file"])) for e in entries
-            ]
+            return [(int(e["id"]), str(e["subject"]), int(e["version"]), str(e["file"])) for e in entries]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(
                 f"schema folder {manifest}: expected a manifest "
@@ -155,12 +158,19 @@ class FolderSchemaRegistry:
             ) from exc
 
     def schema_by_id(self, schema_id: int) -> str:
-        for entry_id, _, _, file in self._entries:
-            if entry_id == schema_id:
-                return self._read(file)
-        raise SchemaNotFound(f"schema folder {self.folder} has no schema id {schema_id}")
+        file = self._file_of(schema_id)
+        if file is None:  # an id added since the manifest was read, or none at all
+            self._entries = self._manifest()
+            file = self._file_of(schema_id)
+        if file is None:
+            raise SchemaNotFound(f"schema folder {self.folder} has no schema id {schema_id}")
+        return self._read(file)
+
+    def _file_of(self, schema_id: int) -> str | None:
+        return next((file for entry_id, _, _, file in self._entries if entry_id == schema_id), None)
 
     def latest(self, subject: str) -> RegisteredSchema:
+        self._entries = self._manifest()  # once per slice: a new version is seen by the next one
         versions = [(v, i, f) for i, s, v, f in self._entries if s == subject]
         if not versions:
             raise SchemaNotFound(f"schema folder {self.folder} has no subject {subject!r}")

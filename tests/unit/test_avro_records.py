@@ -412,3 +412,14 @@ def test_writer_schemas_cached_per_process_outlive_the_registry_file(tmp_path: P
     (folder / "s1.avsc").unlink()
     assert not isinstance(RowDecoder(fmt, 1000, registry_for(url)).decode(record(value)), DeadLetter)
     assert (f"file://{folder.resolve()}", 1) in avro_records._WRITERS
+
+
+def test_a_version_added_to_the_folder_while_pipelines_run_is_found(tmp_path: Path) -> None:
+    """As a producer registers a new version in a registry server: no good record may become an
+    unknown_schema_id dead letter because a long-lived process read the manifest before."""
+    folder = schema_folder(tmp_path, {1: ORDER_V1})
+    registry = FolderSchemaRegistry(folder)
+    assert registry.latest("orders-value").id == 1
+    schema_folder(tmp_path, {1: ORDER_V1, 2: ORDER_V2})  # the person adds version 2
+    assert json.loads(registry.schema_by_id(2)) == ORDER_V2
+    assert registry.latest("orders-value").id == 2
