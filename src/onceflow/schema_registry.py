@@ -22,6 +22,9 @@ from onceflow import redact
 from onceflow.errors import ConfigError, OnceflowError, ServiceUnavailable, one_line
 
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+# The common API's codes for an unknown subject, version and schema: the only 404s that mean "no such
+# schema"; any other 404 is a wrong URL, which must not turn good records into dead letters.
+_NOT_FOUND_CODES = (40401, 40402, 40403)
 
 
 class SchemaNotFound(OnceflowError):
@@ -116,10 +119,19 @@ class HttpSchemaRegistry:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            if exc.code == 404:
+            body = _error_body(exc)
+            if exc.code == 404 and body.get("error_code") in _NOT_FOUND_CODES:
                 raise SchemaNotFound(f"schema registry {self.shown} has no {what}") from exc
+            if (
+                exc.code == 404
+            ):  # not the registry's own "not found": most likely a URL without the API's path
+                raise RegistryUnavailable(
+                    f"schema registry {self.shown} answered HTTP 404 for {what} without a registry error "
+                    "code: is the URL the registry API's base (e.g. …/apis/ccompat/v7 for Apicurio)?"
+                ) from exc
+            message = one_line(body.get("message", exc.reason if isinstance(exc.reason, str) else ""))[:200]
             raise RegistryUnavailable(
-                f"schema registry {self.shown} answered HTTP {exc.code} for {what}: {_error_message(exc)}"
+                f"schema registry {self.shown} answered HTTP {exc.code} for {what}: {message}"
             ) from exc
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -206,8 +218,10 @@ def _schema_text(answer: Any, shown: str) -> str:
     return str(answer["schema"])
 
 
-def _error_message(exc: urllib.error.HTTPError) -> str:
+def _error_body(exc: urllib.error.HTTPError) -> dict[str, Any]:
+    """The JSON error of a registry's answer (``{"error_code": …, "message": …}``), or {}."""
     try:
-        return one_line(json.loads(exc.read()).get("message", ""))[:200]
+        body = json.loads(exc.read())
     except (ValueError, OSError, AttributeError):
-        return exc.reason if isinstance(exc.reason, str) else ""
+        return {}
+    return body if isinstance(body, dict) else {}

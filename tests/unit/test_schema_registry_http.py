@@ -52,8 +52,10 @@ class Stub(BaseHTTPRequestHandler):
             self._answer(200, {"subject": "orders/value", "version": 3, "id": 5, "schema": SCHEMA})
         elif self.path == "/api/schemas/ids/500":
             self._answer(500, {"error_code": 50001, "message": "storage\nfailed"})
-        else:
+        elif self.path.startswith("/api/"):
             self._answer(404, {"error_code": 40403, "message": "Schema not found"})
+        else:  # outside the API: the server's own 404, no registry error code
+            self._answer(404, {"title": "Could not find resource", "status": 404})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -104,6 +106,14 @@ def test_unknown_ids_are_not_found_and_server_errors_are_unavailable_in_one_line
     message = str(raised.value)
     shown = f"http://user:***@{server}/api"
     assert message == f"schema registry {shown} answered HTTP 500 for schema id 500: storage; failed"
+
+
+def test_a_url_without_the_apis_path_aborts_instead_of_dead_lettering(server: str) -> None:
+    """A 404 without the registry's error code is a wrong URL: every id would look unknown."""
+    with pytest.raises(
+        RegistryUnavailable, match="without a registry error code: is the URL the registry API"
+    ):
+        HttpSchemaRegistry(f"http://{server}").schema_by_id(5)
 
 
 def test_a_registry_is_named_by_its_url() -> None:
