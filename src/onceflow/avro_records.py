@@ -92,7 +92,8 @@ class AvroDecoder:
                 "format.wire='registry' needs a schema registry: set ONCEFLOW_SCHEMA_REGISTRY_URL "
                 "(http(s):// for a registry server, file:///folder for a folder of schemas)"
             )
-        self._unknown: set[int] = set()  # ids this decoder was told do not exist: asked once
+        # Ids whose schema this decoder could not use, with the reason: asked once, not once per record.
+        self._rejected: dict[int, tuple[str, str]] = {}
 
     def values(self, value: bytes) -> list[Any]:
         """The reader schema's field values of one record value; `AvroReject` when it has none."""
@@ -115,24 +116,25 @@ class AvroDecoder:
             parsed = _WRITERS.get((self.cache_key, schema_id))
         if parsed is not None:
             return parsed
-        if schema_id in self._unknown:
-            raise AvroReject("unknown_schema_id", f"the schema registry has no schema id {schema_id}")
+        if schema_id in self._rejected:
+            raise AvroReject(*self._rejected[schema_id])
         assert self.registry is not None
         try:
             text = self.registry.schema_by_id(schema_id)  # RegistryUnavailable propagates: the epoch aborts
         except SchemaNotFound as exc:
-            self._unknown.add(schema_id)
-            raise AvroReject(
-                "unknown_schema_id", f"the schema registry has no schema id {schema_id}"
-            ) from exc
+            self._rejected[schema_id] = (
+                "unknown_schema_id",
+                f"the schema registry has no schema id {schema_id}",
+            )
+            raise AvroReject(*self._rejected[schema_id]) from exc
         from fastavro import parse_schema
 
         try:
             parsed = parse_schema(json.loads(text))
         except Exception as exc:  # a registry may hold a schema fastavro cannot use
-            raise AvroReject(
-                "incompatible_schema", f"writer schema id {schema_id} is not a usable Avro schema ({exc})"
-            ) from exc
+            detail = f"writer schema id {schema_id} is not a usable Avro schema ({_short(exc)})"
+            self._rejected[schema_id] = ("incompatible_schema", detail)
+            raise AvroReject(*self._rejected[schema_id]) from exc
         self._writers[schema_id] = parsed
         if self.cache_key is not None:
             _WRITERS[(self.cache_key, schema_id)] = parsed

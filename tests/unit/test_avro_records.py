@@ -423,3 +423,17 @@ def test_a_version_added_to_the_folder_while_pipelines_run_is_found(tmp_path: Pa
     schema_folder(tmp_path, {1: ORDER_V1, 2: ORDER_V2})  # the person adds version 2
     assert json.loads(registry.schema_by_id(2)) == ORDER_V2
     assert registry.latest("orders-value").id == 2
+
+
+def test_a_writer_schema_fastavro_cannot_use_is_asked_for_once_and_dead_letters_its_records(
+    tmp_path: Path, registry: FolderSchemaRegistry
+) -> None:
+    (tmp_path / "s1.avsc").write_text(
+        json.dumps({"type": "record", "name": "Order", "fields": [{"name": "id"}]})
+    )
+    counting = CountingRegistry(registry, cache_key=None)
+    decoder = RowDecoder(AvroFormat(schema_file=avsc(tmp_path, ORDER_V2)), 1_000_000, counting)
+    for offset in range(5):
+        found = reason(decoder.decode_row(record(b"\x00\x00\x00\x00\x01\x02", offset)))
+        assert found.startswith("incompatible_schema: writer schema id 1 is not a usable Avro schema")
+    assert counting.asked == 1
