@@ -332,3 +332,16 @@ def test_avro_timestamps_and_dates_become_iceberg_columns_and_decimals_are_refus
     )
     with pytest.raises(ConfigError, match=r"\['amount \(decimal\(9,0\)\)'\] have no Iceberg type"):
         iceberg.plan_checks(spec, [sink], 1)
+
+
+def test_an_avro_subjects_table_takes_the_first_rows_columns(config: dict[str, Any]) -> None:
+    """A subject's schema is pinned when a slice opens, after plan: the plan leaves the table to the rows."""
+    from onceflow.pipeline import AvroFormat
+
+    sink = {k: v for k, v in config.items() if k not in ("name", "columns")}
+    sink["table"] = "web.from_subject"
+    spec = Pipeline(
+        PIPELINE, KafkaSource(("t",)), AvroFormat(subject="t-value"), (SinkSpec("lake", "iceberg", sink),)
+    )
+    iceberg.plan_checks(spec, [{**sink, "name": "lake"}], 1)
+    assert _table({**sink, "name": "lake"}) is None

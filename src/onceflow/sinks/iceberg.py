@@ -580,6 +580,10 @@ def wanted_columns(spec: Pipeline, config: IcebergConfig) -> list[tuple[str, str
     no transform (nor state); None when only the transform's output will tell."""
     if config.columns:
         return list(config.columns)
+    from onceflow.pipeline import AvroFormat
+
+    if isinstance(spec.format, AvroFormat) and not spec.format.pinned:
+        return None  # a subject's schema is pinned per slice: the first rows will tell
     if spec.transform is None and spec.state is None:
         from onceflow.records import row_columns
 
