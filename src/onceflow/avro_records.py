@@ -32,10 +32,11 @@ def registry_for(url: str | None) -> SchemaRegistry | None:
     """This process's client of the registry at ``url`` (see `onceflow.schema_registry.registry_at`)."""
     if url is None:
         return None
-    registry = _REGISTRIES.get(url)
-    if registry is None:
-        registry = _REGISTRIES[url] = registry_at(url)  # type: ignore[assignment]
-    return registry
+    if url not in _REGISTRIES:
+        made = registry_at(url)
+        assert made is not None  # a URL always names a registry
+        _REGISTRIES[url] = made
+    return _REGISTRIES[url]
 
 
 def pinned(spec: Pipeline, registry_url: str | None) -> Pipeline:
