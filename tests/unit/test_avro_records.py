@@ -437,3 +437,13 @@ def test_a_writer_schema_fastavro_cannot_use_is_asked_for_once_and_dead_letters_
         found = reason(decoder.decode_row(record(b"\x00\x00\x00\x00\x01\x02", offset)))
         assert found.startswith("incompatible_schema: writer schema id 1 is not a usable Avro schema")
     assert counting.asked == 1
+
+
+def test_an_oversized_avro_record_is_dead_lettered_before_any_registry_look_up(
+    tmp_path: Path, registry: FolderSchemaRegistry
+) -> None:
+    counting = CountingRegistry(registry, cache_key=None)
+    decoder = RowDecoder(AvroFormat(schema_file=avsc(tmp_path, ORDER_V2)), 64, counting)
+    value = framed(2, {"id": 1, "price": 2.0, "note": "x" * 100, "coupon": None})
+    assert reason(decoder.decode_row(record(value))).startswith("oversized:")
+    assert counting.asked == 0
