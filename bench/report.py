@@ -202,6 +202,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _protocol_section(results)
     lines += _overhead_section(results)
     lines += _latency_section(results)
+    lines += _follow_section(results)
     lines += _memory_section(results)
     lines += ["", "![plots](report.png)", ""]
     return "\n".join(lines)
@@ -488,6 +489,29 @@ def _latency_section(results: dict[str, Any]) -> list[str]:
             f"of JVMs (the Connect server and the executors) and {idle['python_workers_mb']:.0f} MB of "
             "idle Python workers (the master and worker daemons, about 200 MB each, are not counted).",
         ]
+    return [*lines, ""]
+
+
+def _follow_section(results: dict[str, Any]) -> list[str]:
+    follow = results.get("follow")
+    if not follow:
+        return []
+    fresh, epochs = follow["freshness_s"], follow["epoch_s"]
+    lines = [
+        f"## Freshness through `onceflow run --follow` ({follow['records_per_batch']:,}-record batches)",
+        "",
+        f"One follower on the warm runtime (files sink, looking for records every {follow['poll_s']} s); "
+        f"{follow['batches']} batches produced a few seconds apart, after one that opens the session. "
+        "Freshness is from the producer's flush to the ledger showing the epoch that read the batch "
+        "COMMITTED (the files sink's rows are then visible); an epoch is plan → commit.",
+        "",
+        "| | median | min–max | target |",
+        "| --- | --- | --- | --- |",
+        f"| freshness (s) | {_fmt(median(fresh))} | {spread(fresh)} | — |",
+    ]
+    if epochs:
+        met = "met" if median(epochs) <= 1.0 else "**missed**"
+        lines.append(f"| epoch (s) | {_fmt(median(epochs))} | {spread(epochs)} | ≤ 1 s: {met} |")
     return [*lines, ""]
 
 

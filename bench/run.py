@@ -130,6 +130,19 @@ class Bench:
         out["idle_runtime"] = dataclasses.asdict(idle.stop())
         self.record("latency", out)
 
+    # 2c.
+    def follow(self) -> None:
+        """Freshness through one long-lived follower (`onceflow run --follow`) on the warm runtime."""
+        from bench import follow_latency
+
+        if self.remote is None:
+            say("follow: no warm runtime (ONCEFLOW_SPARK_REMOTE is not set); skipped")
+            return
+        settings = dataclasses.replace(self.settings, spark_remote=self.remote)
+        out = follow_latency.measure(settings, self.workdir)
+        say(f"follow: freshness median {out['freshness_median_s']} s, epoch median {out['epoch_median_s']} s")
+        self.record("follow", out)
+
     # 3.
     def commit_cost(self, sizes: tuple[int, ...]) -> None:
         topic = create_topic(self.settings.kafka_bootstrap, "bench-commit")
@@ -368,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup": bench.spark_startup,
         "overhead": bench.epoch_overhead,
         "latency": bench.latency,
+        "follow": bench.follow,
         "commit": lambda: bench.commit_cost(commit_sizes),
         "protocol": lambda: bench.sink_protocol(protocol_sizes),
         "throughput": lambda: bench.throughput(sizes, pg_sizes, peer_sizes),

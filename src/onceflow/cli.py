@@ -76,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run epochs without Airflow: recover, plan, process, commit")
     run.add_argument("pipeline")
     run.add_argument("--until-caught-up", action="store_true", help="run epochs until nothing new is left")
+    run.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep running: the next epoch as soon as new records arrive, until SIGTERM or Ctrl-C "
+        "(the epoch in flight commits first)",
+    )
+    run.add_argument(
+        "--poll", type=float, default=0.2, help="with --follow: seconds between looks for new records"
+    )
     run.add_argument("--max-records-per-partition", type=int, default=None)
     run.add_argument(
         "--executor",
@@ -293,6 +302,22 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from onceflow.engine.runner import run_until
 
     path, _ = find_pipeline_path(args.pipeline, settings.pipelines)
+    if args.follow:
+        if args.until_caught_up:
+            raise ConfigError("--follow and --until-caught-up exclude each other")
+        if not args.poll > 0:
+            raise ConfigError(f"--poll must be a positive number of seconds, not {args.poll:g}")
+        from onceflow.engine.follow import follow
+
+        follow(
+            path,
+            settings,
+            executor=args.executor,
+            max_records_per_partition=args.max_records_per_partition,
+            poll_s=args.poll,
+            progress=print,
+        )
+        return 0
     run_until(
         path,
         settings,

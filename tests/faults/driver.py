@@ -40,6 +40,7 @@ def epoch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "epoch": outcome.epoch.number,
         "status": str(outcome.epoch.status),
         "span": sum(r.span for r in outcome.epoch.ranges),
+        "steps": {step: round(seconds, 2) for step, seconds in outcome.steps.items()},
     }
 
 

@@ -144,7 +144,8 @@ class Paused:
             time.sleep(0.05)
 
     def resume(self, timeout: float = 600) -> StepOutcome:
-        (self.folder / f"resume-{self.point}").touch()
+        if self.point:
+            (self.folder / f"resume-{self.point}").touch()
         out, err = self.process.communicate(timeout=timeout)
         lines = [line for line in out.splitlines() if line.startswith("{")]
         return StepOutcome(
@@ -272,15 +273,16 @@ class Scenario:
             seconds=time.monotonic() - started,
         )
 
-    def start(self, step: str, *extra: str, pause: str) -> Paused:
-        """Start a driver step in the background, to pause at ``pause`` until `Paused.resume`."""
+    def start(self, step: str, *extra: str, pause: str | None) -> Paused:
+        """Start a driver step in the background, to pause at ``pause`` until `Paused.resume` (with no
+        pause, it runs through, and `Paused.resume` waits for its end)."""
         folder = self.root / f"pause-{uuid.uuid4().hex[:6]}"
-        env = {**self.env, PAUSE_AT_ENV: pause, PAUSE_DIR_ENV: str(folder)}
+        env = {**self.env, PAUSE_AT_ENV: pause, PAUSE_DIR_ENV: str(folder)} if pause else dict(self.env)
         command = [sys.executable, "-m", "tests.faults.driver", step, self.pipeline, *extra]
         process = subprocess.Popen(
             command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        return Paused(step, pause, folder, process)
+        return Paused(step, pause or "", folder, process)
 
     def epoch(self, executor: str, crash: Crash | None = None) -> StepOutcome:
         return self.run("epoch", crash, "--executor", executor)

@@ -34,18 +34,20 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.config import Settings
 from onceflow.ledger import EpochStatus, Ledger
@@ -54,7 +56,7 @@ from onceflow.pipeline import KafkaSource
 from onceflow.sources.kafka_metadata import KafkaMetadata
 from onceflow.sources.kafka_range import read_range
 from onceflow.state import committed_state_files
-from tests.faults import harness, invariants, soak_report
+from tests.faults import harness, invariants, soak_report, spark_faults
 from tests.faults.soak_pipelines import KEYED_PATH, expected_sums
 from tests.faults.soak_resources import (
     OPEN_STATES,
@@ -65,11 +67,16 @@ from tests.faults.soak_resources import (
     summary,
     unbounded,
 )
+from tests.faults.spark_faults import SPARK_KINDS
 from tests.faults.test_restarts import restart
 from tests.faults.workload import BAD_INPUT, Workload
 
 RETAIN_EPOCHS = 2
-TASK_RECORDS = 100  # records per read task: a few tasks per epoch, as in production, not dozens
+RATE = 1000  # good records a second, by default: a load users run, not a trickle
+# Records per read task: a few tasks per epoch at the soak's rate, as in production. Each task pays a
+# fixed cost (a connection per sink, a Parquet writer, the Iceberg table's metadata), measured at about
+# 0.6 s: tasks of 2,500 records spent more time there than on the records.
+TASK_RECORDS = 10_000
 DEAD_LETTER_MINUTES = 2.0  # longer than a sample interval: each dead letter is read before it goes
 FAULT_EVERY_S = 60.0
 SAMPLE_EVERY_S = 60.0
@@ -80,28 +87,26 @@ FAULT_QUIET_S = 90.0
 PRODUCE_QUIET_S = 40.0
 KINDS = ("crash", "kafka_restart", "postgres_restart")
 CLUSTER_KINDS = ("cluster_leader", "cluster_coordinator", "cluster_zombie", "cluster_controller")
-# Where an epoch is paused while a service restarts, per lane: reading, staging, deciding, publishing.
+# Crash points inside Spark tasks: the warm runtime's executors do not inherit a driver step's
+# environment, so there the tasks are hit by Spark's own kinds instead (`tests.faults.spark_faults`).
+TASK_POINTS = ("task_mid_read", "task_after_stage", "task_after_precommit")
+# Not a crash point: the fault lands as soon as Spark's REST API shows one of the epoch's tasks running.
+MID_TASK = "mid_task"
+# Where an epoch is, per lane, while a service restarts: reading, holding its pre-commits, deciding,
+# publishing.
 SERVICE_PAUSES = {
     "kafka_restart": {
-        "records": (
-            "task_mid_read",
-            "task_after_stage",
-            "kafka.produced",
-            "kafka.offsets_sent",
-            "before_decision",
-        ),
-        "table": ("task_mid_read", "task_after_stage", "before_decision"),
-        "keyed": ("after_plan", "before_decision"),
+        "records": (MID_TASK, "kafka.produced", "kafka.offsets_sent", "before_decision"),
+        "table": (MID_TASK, "after_plan", "before_decision"),
+        "keyed": (MID_TASK, "after_plan", "before_decision"),
     },
     "postgres_restart": {
-        "records": ("task_after_precommit", "after_decision", "participant_committed", "between_commits"),
-        "table": ("task_after_precommit", "wal.pushed", "participant_committed"),
+        "records": ("slice_after_tasks", "after_decision", "participant_committed", "between_commits"),
+        "table": ("slice_after_tasks", "wal.pushed", "participant_committed"),
         "keyed": ("before_decision", "after_decision"),
     },
 }
-# The keyed lane's crash points; task points only where the tasks run in processes the soak arms.
 KEYED_CRASHES = ("slice_after_precommits", "before_decision", "after_decision", "participant_committed")
-KEYED_TASK_CRASHES = ("task_after_stage",)
 
 
 # check_protocol_clean's line for two committed epochs of the ledger whose ranges do not meet.
@@ -145,6 +150,7 @@ class SteadyProducer(threading.Thread):
         self.workload, self.bootstrap, self.rate = workload, bootstrap, rate
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
+        self.producing_s = 0.0  # from the first transaction to the stop: the rate it sustained is good / this
         self.done = threading.Event()
         self.transactions = 0
         self.errors: list[str] = []
@@ -155,7 +161,7 @@ class SteadyProducer(threading.Thread):
         self.maybe_bad: list[str] = []
 
     def run(self) -> None:
-        due = time.monotonic()
+        due = started = time.monotonic()
         while not self.done.is_set():
             aborted = 3 if self.rng.random() < 0.1 else 0
             bad = (self.rng.choice(sorted(BAD_INPUT)),) if self.rng.random() < 0.02 else ()
@@ -171,6 +177,7 @@ class SteadyProducer(threading.Thread):
                     self.maybe_bad += bad
             due = max(due + 1.0, time.monotonic() - 1.0)
             self.done.wait(max(0.0, due - time.monotonic()))
+        self.producing_s = time.monotonic() - started
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -197,9 +204,13 @@ class Lane:
     empty: int = 0
     failed: int = 0
     seconds: float = 0.0  # in clean epochs
+    steps: Counter[str] = field(default_factory=Counter)  # seconds per step (plan, process, commit)
+    offsets: int = 0  # read by the committed epochs
 
     def count(self, outcome: harness.StepOutcome) -> None:
         self.seconds += outcome.seconds
+        self.steps.update(outcome.output.get("steps") or {})
+        self.offsets += outcome.output.get("span") or 0
         if outcome.returncode != 0:
             self.failed += 1
         elif outcome.output.get("span"):
@@ -240,13 +251,18 @@ class Soak:
             "ONCEFLOW_FAULTS_TASK_RECORDS": str(TASK_RECORDS),
             "ONCEFLOW_DEAD_LETTER_DAYS": f"{DEAD_LETTER_MINUTES / 1440:.6f}",
         }
+        if settings.spark_remote is None:
+            raise SystemExit(
+                "the soak runs every pipeline on the warm Spark runtime: set ONCEFLOW_SPARK_REMOTE "
+                "(make soak starts the local stack with it)"
+            )
+        self.runtime = SparkRuntime.from_env()
         records = harness.Scenario(harness.RECORDS, root, settings, env=common)
         shared = {**common, "ONCEFLOW_FAULTS_TOPIC": records.env["ONCEFLOW_FAULTS_TOPIC"]}
-        keyed_executor = "connect" if os.environ.get("ONCEFLOW_SPARK_REMOTE") else "submit"
         self.lanes = [
-            Lane("records", records, "local"),
-            Lane("table", harness.Scenario(harness.TABLE, root, settings, env=shared), "local"),
-            Lane("keyed", harness.Scenario(KEYED_PATH, root, settings, env=shared), keyed_executor),
+            Lane("records", records, "connect"),
+            Lane("table", harness.Scenario(harness.TABLE, root, settings, env=shared), "connect"),
+            Lane("keyed", harness.Scenario(KEYED_PATH, root, settings, env=shared), "connect"),
         ]
         self.workload = records.workload
         self.producer = SteadyProducer(self.workload, settings.kafka_bootstrap, rate, seed)
@@ -257,6 +273,7 @@ class Soak:
             settings.kafka_bootstrap,
             [lane.scenario.spec.name for lane in self.lanes],
             extra_processes={"soak": os.getpid()},
+            runtime=self.runtime,
         )
         self.samples: list[Sample] = []
         self.faults: list[SoakFault] = []
@@ -294,27 +311,53 @@ class Soak:
 
     def next_kind(self) -> str:
         if not self.kinds:
-            kinds = [*KINDS, "crash"] + (list(CLUSTER_KINDS) if self.cluster is not None else [])
+            kinds = [*KINDS, "crash", *SPARK_KINDS] + (
+                list(CLUSTER_KINDS) if self.cluster is not None else []
+            )
             self.kinds = self.rng.sample(kinds, len(kinds))
         return self.kinds.pop()
 
     def crash_fault(self, lane: Lane) -> tuple[str, bool, list[harness.StepOutcome]]:
         if lane.name == "records":
-            name = self.rng.choice(harness.FAULT_NAMES)
+            name = self.rng.choice([n for n in harness.FAULT_NAMES if n not in TASK_POINTS])
             fault = harness.named_fault(name, self.rng.randint(0, harness.EPOCH_POINTS.get(name, 0)))
         elif lane.name == "table":
-            crash = self.rng.choice(harness.TABLE_SCHEDULE)
+            crash = self.rng.choice([c for c in harness.TABLE_SCHEDULE if c.point not in TASK_POINTS])
             fault = harness.Fault(str(crash), (("epoch", crash),))
         else:
-            points = KEYED_CRASHES + (KEYED_TASK_CRASHES if lane.executor == "submit" else ())
-            point = self.rng.choice(points)
+            point = self.rng.choice(KEYED_CRASHES)
             fault = harness.Fault(point, (("epoch", harness.Crash(point)),))
         steps = lane.scenario.inject(fault, lane.executor)
         crashes = [s for s in steps if s.crash is not None]
         return " then ".join(str(s.crash) for s in crashes), all(s.crashed for s in crashes), steps
 
+    def mid_task_fault(
+        self, lane: Lane, act: Callable[[subprocess.Popen[str]], None], tries: int = 3
+    ) -> tuple[bool, list[harness.StepOutcome]]:
+        """An epoch whose Spark tasks run when ``act(its process)`` strikes. An epoch that ends before a
+        task is seen was a clean one, and the next epoch tries again; the runtime is then brought back
+        (what a supervisor of the Spark processes does) and the lane recovered."""
+        outcomes, landed = [], False
+        for _ in range(tries):
+            running = lane.scenario.start("epoch", "--executor", lane.executor, pause=None)
+            landed = spark_faults.wait_for_task(self.runtime, running.process)
+            try:
+                if landed:
+                    act(running.process)
+            finally:
+                outcome = running.resume()
+            outcomes.append(outcome)
+            if landed:
+                break
+            lane.count(outcome)
+        self.runtime.start()
+        self.settle(lane)
+        return landed, outcomes
+
     def paused_fault(self, lane: Lane, point: str, act: Any) -> tuple[bool, list[harness.StepOutcome]]:
         """An epoch paused at ``point`` while ``act()`` breaks a service; then the epoch goes on."""
+        if point == MID_TASK:
+            return self.mid_task_fault(lane, lambda _: act())
         running = lane.scenario.start("epoch", "--executor", lane.executor, pause=point)
         landed = True
         try:
@@ -350,9 +393,9 @@ class Soak:
         topic = lane.scenario.env["ONCEFLOW_FAULTS_TOPIC"]
         partition = self.rng.randrange(lane.scenario.partitions)
         point, what = {
-            "cluster_leader": ("task_mid_read", f"leader of {topic}[{partition}] SIGKILLed mid-read"),
+            "cluster_leader": (MID_TASK, f"leader of {topic}[{partition}] SIGKILLed mid-read"),
             "cluster_coordinator": ("kafka.produced", "the Kafka sink's transaction coordinator SIGKILLed"),
-            "cluster_zombie": ("task_after_stage", "a broker SIGSTOPped past the session timeout"),
+            "cluster_zombie": (MID_TASK, "a broker SIGSTOPped past the session timeout"),
             "cluster_controller": ("before_decision", "the active KRaft controller SIGKILLed"),
         }[kind]
 
@@ -380,6 +423,15 @@ class Soak:
         landed, steps = self.paused_fault(self.lane("records"), point, act)
         return f"{what} at {point}", landed, steps
 
+    def spark_fault(self, kind: str, lane: Lane) -> tuple[str, bool, list[harness.StepOutcome]]:
+        """One of Spark's own faults, landed while the epoch's tasks run (`tests.faults.spark_faults`)."""
+        struck: list[str] = []
+        landed, steps = self.mid_task_fault(
+            lane, lambda step: struck.append(spark_faults.strike(kind, self.runtime, step))
+        )
+        what = struck[-1] if struck else "the epochs ended before a task was seen"
+        return f"{spark_faults.DESCRIBED[kind]}: {what}", landed and "SIGKILLed" in what, steps
+
     def lane(self, name: str) -> Lane:
         return next(lane for lane in self.lanes if lane.name == name)
 
@@ -391,6 +443,8 @@ class Soak:
             detail, fired, steps = self.crash_fault(lane)
         elif kind in SERVICE_PAUSES:
             detail, fired, steps = self.service_fault(kind, lane)
+        elif kind in SPARK_KINDS:
+            detail, fired, steps = self.spark_fault(kind, lane)
         else:
             detail, fired, steps = self.cluster_fault(kind, lane)
         with psycopg.connect(self.settings.pg_dsn, autocommit=True) as pg:
@@ -433,14 +487,32 @@ class Soak:
                     if self.letters[lane.name].setdefault(position, code) != code:
                         self.letter_problems.append(f"{lane.name}: dead letter at {position} changed reason")
 
+    def backlogs(self) -> dict[str, int]:
+        """Offsets each pipeline has still to read: the input's last stable offsets past its position."""
+        topic = self.workload.topic
+        with KafkaMetadata(self.settings.kafka_bootstrap) as metadata:
+            ends = {p.partition: p.stable for p in metadata.partitions([topic])}
+        with Ledger.connect(self.ledger_dsn) as ledger:
+            found = {}
+            for lane in self.lanes:
+                position = ledger.committed_offsets(lane.scenario.spec.name)
+                found[lane.name] = sum(end - position.get((topic, p), 0) for p, end in ends.items())
+        return found
+
     def sample(self) -> None:
         self.read_letters()
         taken = self.sampler.sample(self.minute())
+        try:
+            taken.backlog = self.backlogs()
+        except Exception as exc:  # a probe that fails is noted, never fatal
+            taken.errors.append(f"backlog: {type(exc).__name__}: {exc}"[:300])
         self.samples.append(taken)
         say(
             f"minute {taken.minute}: prepared {taken.prepared}, staged {taken.staging_bytes} B, "
             f"open sink transactions {taken.kafka_open_sink}, ledger rows {taken.ledger_total}, "
-            f"fds {taken.fds} {taken.errors or ''}"
+            f"fds {taken.fds}, Spark runtime {taken.runtime_pss_total_mb:g} MB PSS with "
+            f"{taken.python_processes} Python processes and {taken.sessions} sessions, "
+            f"backlog {taken.backlog} {taken.errors or ''}"
         )
 
     # ------------------------------------------------------------------------------------------- run
@@ -601,6 +673,8 @@ class Soak:
             "seed": self.seed,
             "minutes": self.minutes,
             "rate_per_s": self.rate,
+            # What the producer sustained: good records over the seconds it produced.
+            "sustained_per_s": round(len(self.workload.good) / max(1.0, self.producer.producing_s), 1),
             "brokers": self.brokers,
             "seconds": round(time.monotonic() - self.started, 1),
             "error": error,
@@ -626,6 +700,12 @@ class Soak:
                     "clean_epoch_mean_s": round(
                         lane.seconds / max(1, lane.committed + lane.empty + lane.failed), 1
                     ),
+                    # Where a clean epoch's time goes, and how fast it reads while it runs.
+                    "clean_step_mean_s": {
+                        step: round(seconds / max(1, lane.committed + lane.empty), 2)
+                        for step, seconds in lane.steps.items()
+                    },
+                    "clean_offsets_per_s": round(lane.offsets / max(1.0, lane.seconds)),
                 }
                 for lane in self.lanes
             },
@@ -684,7 +764,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults.soak", description=__doc__)
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=None, help="default: a random one, printed")
-    parser.add_argument("--rate", type=int, default=10, help="good records produced per second (default 10)")
+    parser.add_argument(
+        "--rate", type=int, default=RATE, help=f"good records produced per second (default {RATE})"
+    )
     parser.add_argument("--out", type=Path, default=harness.REPO / "tests/faults/out")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)

@@ -20,15 +20,21 @@ PANELS = (
     ("Ledger rows", ("ledger_rows",)),
     ("Open file descriptors", ("fds.",)),
     ("Resident memory (MB)", ("rss_mb.",)),
+    ("Spark runtime, proportional set size (MB)", ("runtime_pss_mb.", "runtime_pss_total_mb")),
+    ("Spark runtime: Python processes, Connect sessions", ("python_processes", "sessions")),
+    ("Backlog per pipeline (offsets still to read)", ("backlog.",)),
 )
 FAULT_COLOURS = {"crash": "tab:red", "kafka_restart": "tab:blue", "postgres_restart": "tab:green"}
+STEPS = ("plan", "process", "commit")
+SPARK_COLOUR = "tab:orange"  # the Spark kinds; the cluster kinds are purple
 
 
 def markdown(data: Mapping[str, Any]) -> str:
     verdict, resources = data["verdict"], data["resources"]
     ok = not verdict["violations"] and not resources["unbounded"] and not data["error"]
     lines = [
-        f"Soak, seed {data['seed']}: {data['minutes']:g} minutes at {data['rate_per_s']} records/s, "
+        f"Soak, seed {data['seed']}: {data['minutes']:g} minutes at {data['rate_per_s']} records/s "
+        f"({data.get('sustained_per_s', data['rate_per_s']):g} sustained), "
         f"{data['brokers']} Kafka broker(s), {data['seconds']:.0f} s in all: "
         f"{'PASSED' if ok else 'FAILED'}.",
         "",
@@ -43,15 +49,18 @@ def markdown(data: Mapping[str, Any]) -> str:
         lines += ["", f"The run stopped early: `{data['error'][:500]}`"]
     lines += [
         "",
-        "| pipeline | executor | sinks | epochs committed | empty | failed | mean epoch s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| pipeline | executor | sinks | epochs committed | empty | failed | mean epoch s "
+        "(plan / process / commit) | offsets/s in clean epochs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, lane in data["lanes"].items():
         sinks = ", ".join(f"{s} ({k})" for s, k in lane["sinks"].items())
         sinks += ", keyed state" if lane["keyed_state"] else ""
         lines.append(
             f"| {name} | {lane['executor']} | {sinks} | {lane['epochs_committed']} | "
-            f"{lane['epochs_empty']} | {lane['epochs_failed']} | {lane['clean_epoch_mean_s']} |"
+            f"{lane['epochs_empty']} | {lane['epochs_failed']} | {lane['clean_epoch_mean_s']} "
+            f"({' / '.join(str(lane.get('clean_step_mean_s', {}).get(s, '-')) for s in STEPS)}) | "
+            f"{lane.get('clean_offsets_per_s', '-')} |"
         )
     lines += ["", "| pipeline | sink | expected | delivered | lost | duplicated | aborted read |"]
     lines.append("| --- | --- | --- | --- | --- | --- | --- |")
@@ -106,18 +115,22 @@ def plot(data: Mapping[str, Any], path: Path) -> None:
 
     samples = data["resources"]["samples"]
     minutes = [s["minute"] for s in samples]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
+    fig, axes = plt.subplots(3, 3, figsize=(16, 12), sharex=True)
     for ax, (title, prefixes) in zip(axes.flat, PANELS, strict=True):
         for key in prefixes:
             for name, values in _series(samples, key).items():
                 ax.plot(minutes, values, marker=".", label=name)
         for f in data["faults"]:
-            ax.axvline(f["minute"], color=FAULT_COLOURS.get(f["kind"], "tab:purple"), alpha=0.25, linewidth=1)
+            colour = FAULT_COLOURS.get(
+                f["kind"], SPARK_COLOUR if f["kind"].startswith(("spark", "runner")) else "tab:purple"
+            )
+            ax.axvline(f["minute"], color=colour, alpha=0.25, linewidth=1)
         ax.set(title=title, xlabel="minute")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.suptitle(
-        f"Soak seed {data['seed']}: faults as vertical lines (red crash, blue Kafka, green PostgreSQL)"
+        f"Soak seed {data['seed']}: faults as vertical lines (red crash, blue Kafka, green PostgreSQL, "
+        "orange Spark, purple Kafka cluster)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=80)

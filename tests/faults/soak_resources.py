@@ -17,10 +17,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
+from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.sinks.kafka import transactional_id_prefix
 from onceflow.sinks.staging import STAGING
+from tests.faults.spark_faults import Footprint, footprint
 
 LEDGER_TABLES = ("pipelines", "epochs", "epoch_offsets", "participants", "dead_letters")
 # Transaction states of Kafka's TransactionsCommand that hold a transaction open.
@@ -28,7 +31,19 @@ OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort"})
 SINK_TRANSACTIONS = "onceflow:"  # the Kafka sink's transactional.id prefix (the workload's are "wl-")
 GROWTH = 1.25
 # Absolute margins over the first half's peak, per curve: descriptors come and go with connections.
-MARGINS = {"ledger_rows": 200, "fds": 64, "pg_connections": 5}
+# The warm runtime's footprint (`tests.faults.spark_faults.footprint`): JVM heaps settle after the first
+# minutes, and Python workers and Connect sessions come and go with the epochs in flight.
+MARGINS = {
+    "ledger_rows": 200,
+    "fds": 64,
+    "pg_connections": 5,
+    "runtime_pss_total_mb": 300,
+    "python_processes": 4,
+    "sessions": 3,
+    # Offsets a pipeline has still to read: a fault holds a lane for up to a minute and a half, so a minute
+    # and a half of input is the margin; a pipeline slower than the producer grows past it.
+    "backlog": 90_000,
+}
 
 
 @dataclass
@@ -43,13 +58,26 @@ class Sample:
     fds: dict[str, int]  # open file descriptors of each long-lived process
     rss_mb: dict[str, float]
     errors: list[str] = field(default_factory=list)
+    # The warm runtime, when the soak runs on it: PSS in MB per role, Python processes, Connect sessions.
+    runtime_pss_mb: dict[str, float] = field(default_factory=dict)
+    python_processes: int = -1
+    sessions: int = -1
+    backlog: dict[str, int] = field(default_factory=dict)  # per pipeline, set by the soak itself
+
+    @property
+    def runtime_pss_total_mb(self) -> float:
+        return round(sum(self.runtime_pss_mb.values()), 1) if self.runtime_pss_mb else float("nan")
 
     @property
     def ledger_total(self) -> int:
         return sum(self.ledger_rows.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ledger_total": self.ledger_total}
+        return {
+            **asdict(self),
+            "ledger_total": self.ledger_total,
+            "runtime_pss_total_mb": self.runtime_pss_total_mb,
+        }
 
 
 def _proc_fds(pid: int) -> int:
@@ -124,6 +152,7 @@ class Sampler:
     pipelines: Sequence[str]
     extra_processes: Mapping[str, int] = field(default_factory=dict)
     processes: Callable[[], dict[str, int]] = stack_processes
+    runtime: SparkRuntime | None = None
 
     def sample(self, minute: float) -> Sample:
         errors: list[str] = []
@@ -163,6 +192,12 @@ class Sampler:
             except OSError as exc:
                 errors.append(f"{name} (pid {pid}): {exc.strerror}")
         staged = sum(p.stat().st_size for p in self.root.glob(f"**/{STAGING}/**/*") if p.is_file())
+        spark = Footprint({}, -1, -1)
+        if self.runtime is not None:
+            try:
+                spark = footprint(self.runtime)
+            except (OSError, ValueError, psutil.Error) as exc:
+                errors.append(f"spark runtime: {exc}")
         return Sample(
             round(minute, 2),
             prepared,
@@ -174,6 +209,9 @@ class Sampler:
             fds,
             rss,
             errors,
+            spark.pss_mb,
+            spark.python_processes,
+            spark.sessions,
         )
 
 
@@ -194,12 +232,22 @@ def curves(samples: Sequence[Sample]) -> dict[str, list[float]]:
         "kafka_open_workload": [s.kafka_open_workload for s in samples],
         "pg_connections": [s.pg_connections for s in samples],
         "ledger_rows": [s.ledger_total for s in samples],
+        "runtime_pss_total_mb": [s.runtime_pss_total_mb for s in samples],
+        "python_processes": [
+            s.python_processes if s.python_processes >= 0 else float("nan") for s in samples
+        ],
+        "sessions": [s.sessions if s.sessions >= 0 else float("nan") for s in samples],
     }
-    for kind in ("ledger_rows", "fds", "rss_mb"):
+    for kind in ("ledger_rows", "fds", "rss_mb", "runtime_pss_mb", "backlog"):
         names = sorted({n for s in samples for n in getattr(s, kind)})
         for name in names:
             found[f"{kind}.{name}"] = [getattr(s, kind).get(name, float("nan")) for s in samples]
     return found
+
+
+def _known(count: int) -> float:
+    """A count, or NaN (left out of every curve's bounds) where its probe could not tell (-1)."""
+    return float(count) if count >= 0 else float("nan")
 
 
 def slope_per_minute(samples: Sequence[Sample], values: Sequence[float]) -> float:

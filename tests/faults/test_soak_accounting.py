@@ -1,5 +1,6 @@
 """The soak's bookkeeping: records whose producer transaction had an unknown outcome are settled from the
-committed input, and only the ledger gaps retention made are excused from the contiguity check."""
+committed input, only the ledger gaps retention made are excused from the contiguity check, and the
+curves that must stay flat (the Spark runtime's footprint, each pipeline's backlog) fail when they grow."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from onceflow.config import Settings
 from tests.faults.soak import Soak, without_retention_gaps
+from tests.faults.soak_resources import Sample, unbounded
 from tests.faults.workload import Workload
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -43,3 +45,33 @@ def test_only_gaps_that_retention_made_are_excused() -> None:
     ]
     assert without_retention_gaps(problems, {11}) == problems[1:]
     assert without_retention_gaps(problems, set()) == problems
+
+
+def _sample(minute: float, pss: float, python: int, backlog: int) -> Sample:
+    return Sample(
+        minute=minute,
+        prepared=0,
+        staging_bytes=0,
+        kafka_open_sink=0,
+        kafka_open_workload=0,
+        ledger_rows={"epochs": 10},
+        pg_connections=3,
+        fds={"kafka": 200},
+        rss_mb={"kafka": 500.0},
+        runtime_pss_mb={"connect": pss / 2, "executors": pss / 2},
+        python_processes=python,
+        sessions=3,
+        backlog={"records": backlog},
+    )
+
+
+def test_the_runtime_footprint_and_the_backlog_are_bounded_by_their_first_half() -> None:
+    # A plateau with a sawtooth passes: the JVMs warmed up, a fault left a minute of input behind.
+    flat = [_sample(m, 3000 + 100 * (m % 2), 12, 60_000 * (m == 7)) for m in range(10)]
+    assert unbounded(flat) == []
+    # The runtime grows by a pipeline's Python workers every minute: caught, whatever the first value.
+    growing = [_sample(m, 3000 + 400 * m, 12 + 2 * m, 20_000) for m in range(10)]
+    assert [p.split(" grew")[0] for p in unbounded(growing)] == ["runtime_pss_total_mb", "python_processes"]
+    # A pipeline slower than the producer: its backlog climbs past a minute and a half of input.
+    behind = [_sample(m, 3000, 12, 30_000 * m) for m in range(10)]
+    assert [p.split(" grew")[0] for p in unbounded(behind)] == ["backlog.records"]

@@ -194,11 +194,16 @@ def run_until(
             log=log,
         )
         outcomes.append(outcome)
-        records = outcome.planned.span
-        rate = records / outcome.seconds if outcome.seconds > 0 else 0.0
-        progress(
-            f"{outcome.epoch}: {records} offsets in {outcome.seconds:.1f} s ({rate:,.0f}/s), "
-            f"{outcome.planned.backlog} left"
-        )
-        if not until_caught_up or records == 0 or outcome.planned.backlog == 0:
+        progress(epoch_line(outcome))
+        if not until_caught_up or outcome.planned.span == 0 or outcome.planned.backlog == 0:
             return outcomes
+
+
+def epoch_line(outcome: EpochOutcome) -> str:
+    """One progress line per epoch: records, rate and the offsets left for later epochs."""
+    records = outcome.planned.span
+    rate = records / outcome.seconds if outcome.seconds > 0 else 0.0
+    return (
+        f"{outcome.epoch}: {records} offsets in {outcome.seconds:.1f} s ({rate:,.0f}/s), "
+        f"{outcome.planned.backlog} left"
+    )
