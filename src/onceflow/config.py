@@ -24,6 +24,7 @@ _DEFAULT_HOME = Path.cwd() / ".onceflow"
 # "connect" and "submit" insist on one of them; "local" runs them in the driver's process, without Spark.
 Executor: TypeAlias = Literal["spark", "connect", "submit", "local"]
 EXECUTORS: tuple[Executor, ...] = ("spark", "connect", "submit", "local")
+_REGISTRY_SCHEMES = ("http://", "https://", "file:///")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class Settings:
     executor: Executor = "spark"
     # module:attribute of each pipeline the CLI and the console find by name (ONCEFLOW_PIPELINES).
     pipelines: tuple[str, ...] = ()
+    # Where Avro formats find writer schemas by id and subjects' latest schemas
+    # (ONCEFLOW_SCHEMA_REGISTRY_URL): http(s):// for a registry server, file:///folder for a folder of
+    # schemas (`onceflow.schema_registry`), or None.
+    schema_registry_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -69,6 +74,7 @@ class Settings:
             spark_remote=env.get("ONCEFLOW_SPARK_REMOTE", "").strip() or None,
             executor=cast(Executor, env.get("ONCEFLOW_EXECUTOR", "").strip() or "spark"),
             pipelines=tuple(p.strip() for p in env.get("ONCEFLOW_PIPELINES", "").split(",") if p.strip()),
+            schema_registry_url=env.get("ONCEFLOW_SCHEMA_REGISTRY_URL", "").strip() or None,
         )
         settings.validate()
         return settings
@@ -95,6 +101,13 @@ class Settings:
             )
         if self.executor not in EXECUTORS:
             raise ConfigError(f"ONCEFLOW_EXECUTOR={self.executor!r}: expected one of {', '.join(EXECUTORS)}")
+        if self.schema_registry_url is not None and not self.schema_registry_url.startswith(
+            _REGISTRY_SCHEMES
+        ):
+            raise ConfigError(
+                f"ONCEFLOW_SCHEMA_REGISTRY_URL={redact.url(self.schema_registry_url)!r}: expected http(s)://"
+                "host[:port][/path] of a schema registry, or file:///folder of schemas"
+            )
         for path in self.pipelines:
             module, sep, attribute = path.partition(":")
             if not sep or not module or not attribute:
@@ -117,6 +130,11 @@ class Settings:
             **({} if self.spark_jobs is None else {"ONCEFLOW_SPARK_JOBS": str(self.spark_jobs)}),
             **({} if self.spark_remote is None else {"ONCEFLOW_SPARK_REMOTE": self.spark_remote}),
             **({"ONCEFLOW_PIPELINES": ",".join(self.pipelines)} if self.pipelines else {}),
+            **(
+                {}
+                if self.schema_registry_url is None
+                else {"ONCEFLOW_SCHEMA_REGISTRY_URL": self.schema_registry_url}
+            ),
         }
 
 

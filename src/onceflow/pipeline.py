@@ -17,16 +17,20 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias, cast
 
+from onceflow.avro_schema import avro_columns, parse_schema_text
 from onceflow.errors import ConfigError, one_line
 
 Guarantee: TypeAlias = Literal["exactly_once", "at_least_once", "at_most_once"]
 OnMissingOffsets: TypeAlias = Literal["fail", "skip"]
 OnRerun: TypeAlias = Literal["skip", "replace"]
+AvroWire: TypeAlias = Literal["registry", "plain"]
 Starting: TypeAlias = Literal["earliest", "latest"] | int
 
 GUARANTEES: tuple[str, ...] = ("exactly_once", "at_least_once", "at_most_once")
 ON_MISSING_OFFSETS: tuple[str, ...] = ("fail", "skip")
 ON_RERUN: tuple[str, ...] = ("skip", "replace")
+# How Avro values are framed: the schema registry's (magic byte 0, 4-byte schema id, body) or bare bodies.
+AVRO_WIRES: tuple[str, ...] = ("registry", "plain")
 # JSON field types a schema may declare; a trailing "?" makes the field nullable (null or absent).
 FIELD_TYPES: tuple[str, ...] = ("string", "int", "float", "bool")
 # Columns every decoded row carries, so sinks can deduplicate or trace a row back to its record.
@@ -188,11 +192,116 @@ class JsonFormat:
 
 
 @dataclass(frozen=True)
+class AvroFormat:
+    """Record values are Avro records, read with a reader schema that gives the row's columns.
+
+    The reader schema comes from an ``.avsc`` file (``schema_file``, read when the spec is built, so the
+    file need not exist where the tasks run) or from a schema registry subject (``subject``: its latest
+    schema, pinned by each slice's driver when the slice opens, from the deployment's registry, see
+    `onceflow.config.Settings.schema_registry_url`). ``wire="registry"``: each value is the magic byte 0,
+    the writer schema's 4-byte big-endian id in the registry, then the Avro body; writer schemas are
+    resolved by id and read with Avro's resolution rules, so producers may evolve compatibly.
+    ``wire="plain"``: each value is a bare Avro body, written with ``writer_schema_file``'s schema or
+    else with the reader schema. ``key_field`` works as in `JsonFormat`.
+    """
+
+    schema_file: str | None = None
+    subject: str | None = None
+    wire: AvroWire = "registry"
+    writer_schema_file: str | None = None
+    key_field: str | None = None
+    # The schemas' JSON text: loaded from the files, or pinned from the subject; this is what travels.
+    reader_schema: str | None = None
+    writer_schema: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.wire not in AVRO_WIRES:
+            raise _fail("format.wire", self.wire, f"expected one of {AVRO_WIRES}")
+        if (self.schema_file is None) == (self.subject is None):
+            raise ConfigError("format: give the reader schema as schema_file or as subject, one of them")
+        for name in ("schema_file", "subject", "writer_schema_file"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise _fail(f"format.{name}", value, "expected a non-empty string")
+        if self.writer_schema_file is not None and self.wire != "plain":
+            raise _fail("format.writer_schema_file", self.writer_schema_file, "only with wire='plain'")
+        if self.reader_schema is None and self.schema_file is not None:
+            object.__setattr__(self, "reader_schema", _read_text("format.schema_file", self.schema_file))
+        if self.writer_schema is None and self.writer_schema_file is not None:
+            object.__setattr__(
+                self, "writer_schema", _read_text("format.writer_schema_file", self.writer_schema_file)
+            )
+        names: list[str] = []
+        if self.reader_schema is not None:
+            object.__setattr__(
+                self, "reader_schema", _avro_schema("format.reader_schema", self.reader_schema)
+            )
+            names = [name for name, _, _ in self.columns()]
+            reserved = sorted(set(names) & set(METADATA_COLUMNS))
+            if reserved:
+                raise _fail("format.reader_schema", reserved, "field names are reserved for metadata")
+        if self.writer_schema is not None:
+            object.__setattr__(
+                self, "writer_schema", _avro_schema("format.writer_schema", self.writer_schema)
+            )
+        if self.key_field is not None:
+            if not isinstance(self.key_field, str) or not self.key_field:
+                raise _fail("format.key_field", self.key_field, "expected a non-empty column name")
+            if self.key_field in names or self.key_field in METADATA_COLUMNS:
+                raise _fail("format.key_field", self.key_field, "collides with a schema or metadata column")
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the reader schema is known (always, from a file; from a subject once pinned)."""
+        return self.reader_schema is not None
+
+    def columns(self) -> list[tuple[str, str, bool]]:
+        """(name, row type, nullable) of the reader schema's fields."""
+        if self.reader_schema is None:
+            raise ConfigError(
+                f"format.subject={self.subject!r}: the reader schema is not pinned yet (a slice's driver "
+                "pins the subject's latest schema from the schema registry)"
+            )
+        return avro_columns("format.reader_schema", json.loads(self.reader_schema))
+
+    def pin(self, reader_schema: str) -> AvroFormat:
+        """This format reading with ``reader_schema`` (a subject's latest, fetched by the caller)."""
+        return AvroFormat(
+            subject=self.subject,
+            wire=self.wire,
+            writer_schema=self.writer_schema,
+            key_field=self.key_field,
+            reader_schema=reader_schema,
+        )
+
+
+def _read_text(where: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(where, path, f"cannot read it ({one_line(exc)})") from exc
+
+
+def _avro_schema(where: str, text: str) -> str:
+    """The schema as compact JSON, after checking that Avro accepts it and that rows can hold it."""
+    schema = parse_schema_text(where, text)
+    avro_columns(where, schema)
+    from fastavro import parse_schema  # imported where used: a JSON-only deployment need not load it
+
+    try:
+        parse_schema(dict(schema))
+    except Exception as exc:  # fastavro raises several kinds for a bad schema
+        raise ConfigError(f"{where}: not a valid Avro schema ({one_line(exc)})") from exc
+    return json.dumps(schema, sort_keys=True)
+
+
+@dataclass(frozen=True)
 class RawFormat:
     """Record keys and values are passed through as bytes (columns ``key`` and ``value``)."""
 
 
-RecordFormat: TypeAlias = JsonFormat | RawFormat
+RecordFormat: TypeAlias = JsonFormat | AvroFormat | RawFormat
 
 
 @dataclass(frozen=True)
@@ -296,8 +405,8 @@ class Pipeline:
             raise _fail("name", self.name, "expected [A-Za-z0-9][A-Za-z0-9_.-]*, at most 100 characters")
         if not isinstance(self.source, KafkaSource):
             raise _fail("source", self.source, "expected a KafkaSource")
-        if not isinstance(self.format, JsonFormat | RawFormat):
-            raise _fail("format", self.format, "expected JsonFormat(...) or RawFormat()")
+        if not isinstance(self.format, JsonFormat | AvroFormat | RawFormat):
+            raise _fail("format", self.format, "expected JsonFormat(...), AvroFormat(...) or RawFormat()")
         sinks = self.sinks
         if isinstance(sinks, SinkSpec) or not isinstance(sinks, Iterable):
             raise _fail("sinks", sinks, "expected a list of SinkSpec")
@@ -376,6 +485,8 @@ class Pipeline:
         fmt: dict[str, Any]
         if isinstance(self.format, JsonFormat):
             fmt = {"type": "json", "schema": dict(self.format.schema), "key_field": self.format.key_field}
+        elif isinstance(self.format, AvroFormat):
+            fmt = {"type": "avro", **{name: getattr(self.format, name) for name in _AVRO_KEYS}}
         else:
             fmt = {"type": "raw"}
         state = None
@@ -422,14 +533,16 @@ class Pipeline:
         source = data["source"]
         _check_keys("source", source, required={"topics"}, optional={"starting", "on_missing_offsets"})
         fmt_data = data["format"]
-        _check_keys("format", fmt_data, required={"type"}, optional={"schema", "key_field"})
+        _check_keys("format", fmt_data, required={"type"}, optional={"schema", "key_field", *_AVRO_KEYS})
         fmt: RecordFormat
         if fmt_data["type"] == "json":
             fmt = JsonFormat(schema=fmt_data.get("schema") or {}, key_field=fmt_data.get("key_field"))
+        elif fmt_data["type"] == "avro":
+            fmt = AvroFormat(**{name: fmt_data[name] for name in _AVRO_KEYS if name in fmt_data})
         elif fmt_data["type"] == "raw":
             fmt = RawFormat()
         else:
-            raise _fail("format.type", fmt_data["type"], "expected 'json' or 'raw'")
+            raise _fail("format.type", fmt_data["type"], "expected 'json', 'avro' or 'raw'")
         sinks_data = data["sinks"]
         if not isinstance(sinks_data, list):
             raise _fail("sinks", sinks_data, "expected a list")
@@ -474,6 +587,15 @@ class Pipeline:
         return cls.from_dict(data)
 
 
+_AVRO_KEYS = (
+    "schema_file",
+    "subject",
+    "wire",
+    "writer_schema_file",
+    "key_field",
+    "reader_schema",
+    "writer_schema",
+)
 _OPTIONAL_KEYS = frozenset(
     {
         "version",

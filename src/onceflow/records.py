@@ -14,7 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from onceflow.pipeline import JsonFormat, RecordFormat
+from onceflow.avro_records import AvroDecoder, AvroReject
+from onceflow.pipeline import AvroFormat, JsonFormat, RecordFormat
+from onceflow.schema_registry import SchemaRegistry
 
 Row = dict[str, Any]
 
@@ -27,6 +29,11 @@ DEAD_LETTER_CODES: tuple[str, ...] = (
     "missing_field",
     "wrong_type",
     "missing_key",
+    "bad_magic_byte",
+    "unknown_schema_id",
+    "malformed_avro",
+    "incompatible_schema",
+    "null_field",
 )
 
 
@@ -199,7 +206,9 @@ class RowDecoder:
     that fails the fast type test goes through `_convert` for its precise reason.
     """
 
-    def __init__(self, fmt: RecordFormat, max_record_bytes: int) -> None:
+    def __init__(
+        self, fmt: RecordFormat, max_record_bytes: int, registry: SchemaRegistry | None = None
+    ) -> None:
         self.fmt = fmt
         self.max_record_bytes = max_record_bytes
         self.columns: tuple[str, ...] = tuple(name for name, _, _ in row_columns(fmt))
@@ -212,7 +221,9 @@ class RowDecoder:
             if isinstance(fmt, JsonFormat)
             else ()
         )
-        self._key_field = fmt.key_field if isinstance(fmt, JsonFormat) else None
+        self._key_field = fmt.key_field if isinstance(fmt, JsonFormat | AvroFormat) else None
+        # Avro values go to fastavro; ``registry`` resolves writer schema ids (wire="registry").
+        self._avro = AvroDecoder(fmt, registry) if isinstance(fmt, AvroFormat) else None
         self.dead_letters = 0  # letters made so far: past DEAD_LETTERS_WITH_PAYLOAD they keep no bytes
 
     def decode_row(self, record: KafkaRecord) -> Row | DeadLetter:
@@ -226,10 +237,14 @@ class RowDecoder:
                 raise _Reject(
                     "oversized", f"{record.size} bytes of key and value, limit {self.max_record_bytes}"
                 )
-            values: list[Any] = (
-                self._json_values(record) if isinstance(self.fmt, JsonFormat) else [record.key, record.value]
-            )
-        except _Reject as rejected:
+            values: list[Any]
+            if isinstance(self.fmt, JsonFormat):
+                values = self._json_values(record)
+            elif self._avro is not None:
+                values = self._avro_values(self._avro, record)
+            else:
+                values = [record.key, record.value]
+        except (_Reject, AvroReject) as rejected:
             self.dead_letters += 1
             letter = DeadLetter.kept(
                 record.topic,
@@ -271,6 +286,16 @@ class RowDecoder:
                 values.append(_convert(name, value, base))
         if "\\ud" in text or "\\uD" in text:  # an escaped surrogate: is every string still UTF-8?
             _check_surrogates(self._fields, values)
+        if self._key_field is not None:
+            if record.key is None:
+                raise _Reject("missing_key", f"the format needs a key for column {self._key_field!r}")
+            values.append(_utf8(record.key, "key"))
+        return values
+
+    def _avro_values(self, avro: AvroDecoder, record: KafkaRecord) -> list[Any]:
+        if record.value is None:
+            raise _Reject("null_value", "record has no value (a tombstone?)")
+        values = avro.values(record.value)
         if self._key_field is not None:
             if record.key is None:
                 raise _Reject("missing_key", f"the format needs a key for column {self._key_field!r}")
@@ -331,13 +356,18 @@ def _json_type(value: Any) -> str:
 def row_columns(fmt: RecordFormat) -> list[tuple[str, str, bool]]:
     """(name, type, nullable) of the rows `decode_record` yields for ``fmt``, in order.
 
-    Types are the schema's ("string", "int", "float", "bool") plus "bytes" for raw keys and values.
+    Types are the schema's ("string", "int", "float", "bool") plus "bytes" for raw keys and values, and
+    for Avro "bytes", "timestamp" (UTC, microseconds), "date" and "decimal(p,s)" (`onceflow.avro_schema`).
     """
     columns: list[tuple[str, str, bool]] = []
     if isinstance(fmt, JsonFormat):
         for name in fmt.schema:
             expected, nullable = fmt.field_type(name)
             columns.append((name, expected, nullable))
+        if fmt.key_field is not None:
+            columns.append((fmt.key_field, "string", False))
+    elif isinstance(fmt, AvroFormat):
+        columns += fmt.columns()
         if fmt.key_field is not None:
             columns.append((fmt.key_field, "string", False))
     else:
@@ -362,5 +392,22 @@ def spark_schema(fmt: RecordFormat) -> Any:
         "float": T.DoubleType(),
         "bool": T.BooleanType(),
         "bytes": T.BinaryType(),
+        "timestamp": T.TimestampType(),
+        "date": T.DateType(),
     }
-    return T.StructType([T.StructField(n, spark_types[t], nullable) for n, t, nullable in row_columns(fmt)])
+    return T.StructType(
+        [T.StructField(n, _spark_type(T, spark_types, t), nullable) for n, t, nullable in row_columns(fmt)]
+    )
+
+
+def _spark_type(T: Any, simple: dict[str, Any], type_name: str) -> Any:
+    if type_name.startswith("decimal("):
+        precision, scale = decimal_parts(type_name)
+        return T.DecimalType(precision, scale)
+    return simple[type_name]
+
+
+def decimal_parts(type_name: str) -> tuple[int, int]:
+    """(precision, scale) of a row type ``decimal(p,s)``."""
+    precision, _, scale = type_name.removeprefix("decimal(").removesuffix(")").partition(",")
+    return int(precision), int(scale)

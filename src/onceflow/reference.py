@@ -40,7 +40,9 @@ _POSTGRES_TYPES = {"string": "text", "bigint": "bigint", "double": "double preci
 _PIPELINE_ARGS = {
     "name": "the pipeline's name: DAG id `onceflow_<name>`, ledger key, part of transaction ids",
     "source": '`KafkaSource(topics=(…), starting="earliest"|"latest"|ms, on_missing_offsets="fail"|"skip")`',
-    "format": "`JsonFormat(schema={field: type}, key_field=None)` or `RawFormat()` (columns `key`, `value`)",
+    "format": "`JsonFormat(schema={field: type}, key_field=None)`, "
+    '`AvroFormat(schema_file=… or subject=…, wire="registry" or "plain", key_field=None)` '
+    "(see [Avro](#avro)) or `RawFormat()` (columns `key`, `value`)",
     "sinks": "`SinkSpec(name, kind, {config})` for each output; the keys of each kind are below",
     "transform": "`module:function` taking and returning a Spark DataFrame (or `{sink: DataFrame}`); "
     "without one, the decoded rows go to every sink as they are",

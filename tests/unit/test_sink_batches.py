@@ -280,3 +280,22 @@ def test_a_writer_without_write_batch_gets_the_batches_rows_once(tmp_path: Path)
     assert report.records == 3
     assert RowsOnlyWriter.written == [[{"n": 1}, {"n": 2}, {"n": 3}]]
     assert report.to_committable().record_count == 3
+
+
+@pytest.mark.parametrize("feed", ["rows", "batches"])
+def test_decimals_keep_one_type_across_row_groups_whatever_their_values(tmp_path: Path, feed: str) -> None:
+    """Avro decimals: small values first, then larger ones, must not change the staged file's schema."""
+    values = [[Decimal("0.25")] * 30, [Decimal("123456.50")] * 30]
+    writer = FilesWriter({"root": str(tmp_path), "table": "t", "batch_size": 25})
+    writer.begin(task())
+    for chunk in values:
+        if feed == "rows":
+            writer.write([{"amount": v} for v in chunk])
+        else:
+            writer.write_batch(pa.record_batch({"amount": pa.array(chunk, pa.decimal128(9, 2))}))
+    committable = writer.pre_commit()
+    assert committable.record_count == 60
+    part = next(tmp_path.glob("_staging/**/part-00000.parquet"))
+    column = pq.read_table(part).column("amount")
+    assert column.type == pa.decimal128(38, 2)  # the same from rows and from batches
+    assert column.to_pylist() == values[0] + values[1]

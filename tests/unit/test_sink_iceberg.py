@@ -296,3 +296,52 @@ def test_arrow_batches_stage_what_their_rows_would(config: dict[str, Any]) -> No
         {"user": "y", "n": 2},
         {"user": "z", "n": 3},
     ]
+
+
+def test_avro_timestamps_and_dates_become_iceberg_columns_and_decimals_are_refused(
+    config: dict[str, Any], tmp_path: Path
+) -> None:
+    import json
+
+    from onceflow.pipeline import AvroFormat
+
+    def avro_spec(extra: dict[str, Any]) -> tuple[Pipeline, dict[str, Any]]:
+        fields = [
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+            {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+            extra,
+        ]
+        path = tmp_path / f"{extra['name']}.avsc"
+        path.write_text(json.dumps({"type": "record", "name": "R", "fields": fields}))
+        sink = {k: v for k, v in config.items() if k not in ("name", "columns")}
+        sink["table"] = f"web.{extra['name']}"
+        spec = Pipeline(
+            PIPELINE,
+            KafkaSource(("t",)),
+            AvroFormat(schema_file=str(path)),
+            (SinkSpec("lake", "iceberg", sink),),
+        )
+        return spec, {**sink, "name": "lake"}
+
+    spec, sink = avro_spec({"name": "n", "type": "long"})
+    iceberg.plan_checks(spec, [sink], 1)
+    types = {f.name: str(f.field_type) for f in _table(sink).schema().fields}
+    assert (types["at"], types["day"], types["n"]) == ("timestamptz", "date", "long")
+    spec, sink = avro_spec(
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9}}
+    )
+    with pytest.raises(ConfigError, match=r"\['amount \(decimal\(9,0\)\)'\] have no Iceberg type"):
+        iceberg.plan_checks(spec, [sink], 1)
+
+
+def test_an_avro_subjects_table_takes_the_first_rows_columns(config: dict[str, Any]) -> None:
+    """A subject's schema is pinned when a slice opens, after plan: the plan leaves the table to the rows."""
+    from onceflow.pipeline import AvroFormat
+
+    sink = {k: v for k, v in config.items() if k not in ("name", "columns")}
+    sink["table"] = "web.from_subject"
+    spec = Pipeline(
+        PIPELINE, KafkaSource(("t",)), AvroFormat(subject="t-value"), (SinkSpec("lake", "iceberg", sink),)
+    )
+    iceberg.plan_checks(spec, [{**sink, "name": "lake"}], 1)
+    assert _table({**sink, "name": "lake"}) is None

@@ -37,7 +37,7 @@ from onceflow.executor.rejected import RAW_COLUMNS, decode_rejected_column, with
 from onceflow.executor.slices import SliceRef
 from onceflow.faults import plan_armed
 from onceflow.offsets import OffsetRange
-from onceflow.pipeline import JsonFormat
+from onceflow.pipeline import AvroFormat, JsonFormat
 from onceflow.records import row_columns, spark_schema
 from onceflow.sources.kafka_planning import ReadTask
 
@@ -79,8 +79,9 @@ class DecodedRead:
 def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> DecodedRead:
     """The slice's records, rows and dead letters together, one Spark partition per read task.
 
-    The path rule: Python when a fault plan is armed or a schema name holds the reserved character,
-    else the JVM, unless the session has no Kafka source (then Python, and the reason says so).
+    The path rule: Python when a fault plan is armed, a schema name holds the reserved character or the
+    records are Avro, else the JVM, unless the session has no Kafka source (then Python, and the reason
+    says so).
     """
     fmt = ref.pipeline.format
     reason = None
@@ -88,6 +89,8 @@ def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Decode
         reason = "a fault plan is armed"
     elif isinstance(fmt, JsonFormat) and any(_SENTINEL in name for name, _, _ in row_columns(fmt)):
         reason = "a schema field name holds U+0001"
+    elif isinstance(fmt, AvroFormat):
+        reason = "Avro records are decoded by the Python reader (fastavro)"
     else:
         slice_ranges(ref, tasks)  # the tasks cover exactly the slice's ranges
         kafka, reason = kafka_source_missing(lambda: task_kafka_frame(spark, ref.bootstrap, tasks))
@@ -252,9 +255,10 @@ def _rejected_udf(ref: SliceRef, schema: Any) -> Any:
 
     fmt, limit = ref.pipeline.format, ref.pipeline.max_record_bytes
     out = arrow_schema(schema)
+    registry_url = ref.settings.schema_registry_url
 
     def decode(raw: Any) -> Any:
-        return decode_rejected_column(raw, fmt, limit, out)
+        return decode_rejected_column(raw, fmt, limit, out, registry_url)
 
     make: Any = pandas_functions.arrow_udf  # a struct result: the stubs know only atomic ones
     with warnings.catch_warnings():  # the type is given, not inferred from hints: that is on purpose

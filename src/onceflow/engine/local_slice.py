@@ -54,7 +54,7 @@ def run_slice_local(
         ledger = stack.enter_context(Ledger.connect(settings.ledger_url))
         coordinator = Coordinator.for_pipeline(spec, ledger, settings)
         epoch, ref, tasks = open_slice(coordinator, epoch_number, slice_number, attempt_token)
-        names = [name for name, _, _ in row_columns(spec.format)]
+        names = [name for name, _, _ in row_columns(ref.pipeline.format)]
         attempt = f"local-{uuid.uuid4().hex[:12]}"
         reports: list[TaskReport] = []
         dead: list[DeadLetter] = []

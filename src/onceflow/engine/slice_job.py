@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
+from onceflow.avro_records import pinned
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator
 from onceflow.decisions import slice_refusal
@@ -92,7 +93,7 @@ def open_slice(
     plan = slices_of(spec, epoch.ranges)[slice_number]
     log(f"{epoch}: slice {slice_number} has {len(plan.tasks)} read tasks over {len(plan.ranges)} partitions")
     ref = SliceRef(
-        pipeline=spec,
+        pipeline=pinned(spec, settings.schema_registry_url),  # an Avro subject's schema, fixed for the slice
         epoch=epoch_number,
         slice=slice_number,
         slice_ranges=plan.ranges,

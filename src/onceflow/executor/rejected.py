@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from onceflow.pipeline import RecordFormat
+from onceflow.avro_records import registry_for
+from onceflow.pipeline import AvroFormat, RecordFormat
 from onceflow.records import DeadLetter, KafkaRecord, RowDecoder
 
 # The Kafka columns a rejected record carries to Python (`_timestamp` in ms, null when Kafka has none).
@@ -40,10 +41,13 @@ def kafka_record(row: dict[str, Any]) -> KafkaRecord:
     )
 
 
-def decode_rejected_column(raw: Any, fmt: RecordFormat, max_record_bytes: int, schema: Any) -> Any:
+def decode_rejected_column(
+    raw: Any, fmt: RecordFormat, max_record_bytes: int, schema: Any, registry_url: str | None = None
+) -> Any:
     """A struct column of `RAW_COLUMNS` in (Arrow; null where the JVM decoded the record itself), a
     struct column of ``schema`` (rows plus the dead-letter column) out: the decoded row or dead letter at
-    each non-null input's position, null elsewhere, so the records stay in their order."""
+    each non-null input's position, null elsewhere, so the records stay in their order. ``registry_url``
+    is the deployment's schema registry, for Avro formats."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -52,7 +56,8 @@ def decode_rejected_column(raw: Any, fmt: RecordFormat, max_record_bytes: int, s
     fields = list(schema)
     if raw.null_count == len(raw):
         return pa.nulls(len(raw), type=pa.struct(fields))
-    decoder = RowDecoder(fmt, max_record_bytes)
+    registry = registry_for(registry_url) if isinstance(fmt, AvroFormat) else None
+    decoder = RowDecoder(fmt, max_record_bytes, registry)
     width = len(decoder.columns)
     valid = raw.is_valid()
     columns: list[list[Any]] = [[None] * len(raw) for _ in fields]

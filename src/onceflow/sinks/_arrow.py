@@ -86,6 +86,8 @@ def _inferred_type(source: pa.DataType) -> pa.DataType | None:
     t = pa.types
     if t.is_boolean(source) or t.is_null(source) or t.is_date32(source):
         return source
+    if t.is_decimal128(source):  # as rows give it (`widened_decimals`), whatever the batch's values
+        return pa.decimal128(38, source.scale)
     if t.is_integer(source):
         return pa.int64()
     if t.is_floating(source):
@@ -115,3 +117,16 @@ def _is_bytes(t: pa.DataType) -> bool:
     import pyarrow as pa
 
     return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t))
+
+
+def widened_decimals(table: pa.Table) -> pa.Table:
+    """``table`` with each decimal column inferred from Python values widened to the largest precision
+    of its scale: the values of the first rows would otherwise fix a precision later rows exceed."""
+    import pyarrow as pa
+
+    fields = [
+        pa.field(f.name, pa.decimal128(38, f.type.scale)) if pa.types.is_decimal128(f.type) else f
+        for f in table.schema
+    ]
+    schema = pa.schema(fields)
+    return table if schema == table.schema else table.cast(schema)

@@ -49,6 +49,8 @@ ROW_TYPES: dict[str, str] = {
     "float": "double",
     "bool": "boolean",
     "bytes": "binary",
+    "timestamp": "timestamptz",  # Avro's timestamps are instants (UTC)
+    "date": "date",
 }
 
 _catalogs: dict[tuple[tuple[str, str], ...], Any] = {}

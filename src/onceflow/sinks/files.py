@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
 from onceflow.names import check_name
-from onceflow.sinks._arrow import as_declared, as_inferred, exact_columns, unique_names
+from onceflow.sinks._arrow import as_declared, as_inferred, exact_columns, unique_names, widened_decimals
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import row_values
 from onceflow.sinks.base import Committable, Row, TaskContext
@@ -275,6 +275,8 @@ class FilesWriter:
             return
         try:
             table = pa.Table.from_pylist(self._rows, schema=self._schema)
+            if self._schema is None:
+                table = widened_decimals(table)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise RowError(f"{self._where}: rows do not fit: {exc}") from exc
         self._rows = []

@@ -580,10 +580,22 @@ def wanted_columns(spec: Pipeline, config: IcebergConfig) -> list[tuple[str, str
     no transform (nor state); None when only the transform's output will tell."""
     if config.columns:
         return list(config.columns)
+    from onceflow.pipeline import AvroFormat
+
+    if isinstance(spec.format, AvroFormat) and not spec.format.pinned:
+        return None  # a subject's schema is pinned per slice: the first rows will tell
     if spec.transform is None and spec.state is None:
         from onceflow.records import row_columns
 
-        return [(name, tables.ROW_TYPES[type_name]) for name, type_name, _ in row_columns(spec.format)]
+        columns = row_columns(spec.format)
+        unmapped = [
+            f"{name} ({type_name})" for name, type_name, _ in columns if type_name not in tables.ROW_TYPES
+        ]
+        if unmapped:
+            raise ConfigError(
+                f"{config.where}: the decoded rows' columns {unmapped} have no Iceberg type in this sink yet"
+            )
+        return [(name, tables.ROW_TYPES[type_name]) for name, type_name, _ in columns]
     return None
 
 

@@ -30,6 +30,7 @@ from onceflow.faults import crash_point
 from onceflow.kafka_clients import kafka_config
 from onceflow.names import check_name
 from onceflow.sinks._config import ConfigReader, deployment_default
+from onceflow.sinks._kafka_avro import AvroValues
 from onceflow.sinks._kafka_batches import json_records, raw_records
 from onceflow.sinks.base import Committable, Row
 from onceflow.sinks.errors import (
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 KIND = "kafka"
 RECORDS = "records.bin"
 _LENGTH = struct.Struct(">i")
-VALUE_FORMATS = ("raw", "json")
+VALUE_FORMATS = ("raw", "json", "avro")
 # How long past ``timeout_s`` a broker call may run before the sink stops waiting for it.
 TIMEOUT_MARGIN_S = 5.0
 
@@ -67,7 +68,9 @@ class KafkaSinkConfig:
     partitioner for keyed records, default ``murmur2_random`` as in Java clients), ``group_id`` (default
     ``onceflow-{pipeline}``), ``timeout_s`` (per broker operation), ``value_format`` ("raw": rows are
     exactly ``key`` and ``value``; "json": any row becomes a JSON object, keyed by the text of column
-    ``key_column`` when given), ``name`` (the sink name, narrowing ``orphans``)."""
+    ``key_column`` when given; "avro": any row becomes an Avro record of ``subject``'s latest schema in
+    the registry at ``schema_registry_url``, in the registry's wire format), ``name`` (the sink name,
+    narrowing ``orphans``)."""
 
     topic: str
     staging_root: str
@@ -79,6 +82,8 @@ class KafkaSinkConfig:
     timeout_s: int = 30
     value_format: str = "raw"
     key_column: str | None = None
+    subject: str | None = None
+    schema_registry_url: str | None = None
     name: str | None = None
 
     @classmethod
@@ -96,6 +101,8 @@ class KafkaSinkConfig:
             timeout_s=reader.integer("timeout_s", 30, minimum=1),
             value_format=reader.string("value_format", "raw"),
             key_column=reader.optional_string("key_column"),
+            subject=reader.optional_string("subject"),
+            schema_registry_url=reader.optional_string("schema_registry_url"),
             name=reader.optional_string("name"),
         )
         reader.finish()
@@ -105,9 +112,16 @@ class KafkaSinkConfig:
             raise ConfigError(
                 f"{KIND} sink config value_format={parsed.value_format!r}: expected {VALUE_FORMATS}"
             )
-        if parsed.key_column is not None and parsed.value_format != "json":
-            raise ConfigError(f"{KIND} sink config key_column: only used with value_format 'json'")
+        if parsed.key_column is not None and parsed.value_format == "raw":
+            raise ConfigError(f"{KIND} sink config key_column: only used with value_format 'json' or 'avro'")
+        if parsed.subject is not None and parsed.value_format != "avro":
+            raise ConfigError(f"{KIND} sink config subject: only used with value_format 'avro'")
         return parsed
+
+    @property
+    def value_subject(self) -> str:
+        """The registry subject whose latest schema Avro values are written with."""
+        return self.subject or f"{self.topic}-value"
 
     def group_for(self, pipeline: str) -> str:
         return self.group_id or group_id(pipeline)
@@ -314,17 +328,33 @@ class KafkaWriter(StagedFileWriter):
         self.config = _as_config(config)
         super().__init__(Path(self.config.staging_root))
         self._count = 0
+        self._avro = (
+            AvroValues(
+                self.config.schema_registry_url,
+                self.config.value_subject,
+                self.config.key_column,
+                f"{KIND} sink topic {self.config.topic}",
+            )
+            if self.config.value_format == "avro"
+            else None
+        )
 
     def write(self, rows: Iterable[Row]) -> None:
         out = self._out()
         as_json = self.config.value_format == "json"
         for row in rows:
-            out.write(encode_record(json_record(row, self.config.key_column) if as_json else row))
+            if self._avro is not None:
+                out.write(encode_record(self._avro.record(row)))
+            else:
+                out.write(encode_record(json_record(row, self.config.key_column) if as_json else row))
             self._count += 1
 
     def write_batch(self, batch: pa.RecordBatch) -> None:
         """Stage an Arrow batch's records, encoded column-wise (see `_kafka_batches`) into the same
         bytes `write` stages for its rows."""
+        if self._avro is not None:  # Avro encodes values one by one: through the rows
+            self.write(batch.to_pylist())
+            return
         out = self._out()
         if self.config.value_format == "json":
             data = json_records(batch, self.config.key_column)
@@ -527,8 +557,8 @@ def check_transaction_timeout(config: KafkaSinkConfig, pipeline_timeout_ms: int)
 
 
 def _columns(config: Mapping[str, Any]) -> list[str] | None:
-    """Raw records are exactly ``key`` and ``value``; JSON records take whatever the transform returns."""
-    return None if config.get("value_format") == "json" else ["key", "value"]
+    """Raw records are exactly ``key`` and ``value``; JSON and Avro records take whatever the rows hold."""
+    return None if config.get("value_format") in ("json", "avro") else ["key", "value"]
 
 
 def _plan_checks(spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int) -> None:
@@ -570,7 +600,14 @@ SINK_KIND = SinkKind(
     guarantee="exactly_once",
     columns=_columns,
     plan_checks=_plan_checks,
-    defaults=lambda settings: {"bootstrap": settings.kafka_bootstrap},
+    defaults=lambda settings: {
+        "bootstrap": settings.kafka_bootstrap,
+        **(
+            {}
+            if settings.schema_registry_url is None
+            else {"schema_registry_url": settings.schema_registry_url}
+        ),
+    },
     settings=(
         SinkSetting("topic", "string", "the output topic (create it first)", required=True),
         SinkSetting(
@@ -624,15 +661,29 @@ SINK_KIND = SinkKind(
             "value_format",
             "string",
             "`raw`: rows are exactly `key` and `value` (bytes or text); `json`: any row becomes a JSON "
-            "object",
+            "object; `avro`: any row becomes an Avro record of `subject`'s latest schema, in the schema "
+            "registry's wire format",
             default="raw",
             choices=VALUE_FORMATS,
         ),
         SinkSetting(
             "key_column",
             "string",
-            "with `value_format: json`, the column whose text becomes the record key",
+            "with `value_format: json` or `avro`, the column whose text becomes the record key",
             default_from="no key",
+        ),
+        SinkSetting(
+            "subject",
+            "string",
+            "with `value_format: avro`, the registry subject whose latest schema the values are written "
+            "with (register it first; the sink registers nothing)",
+            default_from="`<topic>-value`",
+        ),
+        SinkSetting(
+            "schema_registry_url",
+            "string",
+            "with `value_format: avro`, the schema registry (`http(s)://…` or `file:///folder`)",
+            default_from="`ONCEFLOW_SCHEMA_REGISTRY_URL`",
         ),
     ),
 )

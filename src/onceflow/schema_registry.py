@@ -1,0 +1,227 @@
+"""Schema registries: where Avro writer schemas are found by id, and a subject's latest schema.
+
+Decoders see a registry only through `SchemaRegistry`, so the same decoding runs against a real
+registry (`HttpSchemaRegistry`, the common REST API that Confluent's registry, Apicurio's ``ccompat``
+API and others serve) or against schemas kept in a folder (`FolderSchemaRegistry`, for deployments
+without a registry and for tests). The two failures are kept apart on purpose: an id the registry does
+not know is the record's fault (a dead letter), a registry that does not answer is nobody's record's
+fault, so it aborts the epoch, which is replayed once the registry is back.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from onceflow import redact
+from onceflow.errors import ConfigError, OnceflowError, ServiceUnavailable, one_line
+
+_CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+# The common API's codes for an unknown subject, version and schema: the only 404s that mean "no such
+# schema"; any other 404 is a wrong URL, which must not turn good records into dead letters.
+_NOT_FOUND_CODES = (40401, 40402, 40403)
+
+
+class SchemaNotFound(OnceflowError):
+    """The registry answered, and has no such schema id or subject."""
+
+
+class RegistryUnavailable(ServiceUnavailable):
+    """The registry did not answer usefully: the epoch cannot resolve its schemas and must not go on."""
+
+
+@dataclass(frozen=True)
+class RegisteredSchema:
+    """One version of a subject: its global id, its version number and the schema's JSON text."""
+
+    id: int
+    version: int
+    schema: str
+
+
+class SchemaRegistry(Protocol):
+    """What decoding needs of a registry."""
+
+    def schema_by_id(self, schema_id: int) -> str:
+        """The schema's JSON text; `SchemaNotFound` if the id is unknown."""
+        ...
+
+    def latest(self, subject: str) -> RegisteredSchema:
+        """The subject's latest version; `SchemaNotFound` if the subject is unknown."""
+        ...
+
+
+class HttpSchemaRegistry:
+    """A registry reached over HTTP with the common REST API (stdlib only: it runs in Spark tasks too).
+
+    ``url`` is the API's base, e.g. ``http://127.0.0.1:8081`` or ``http://host/apis/ccompat/v7``;
+    credentials in it are sent as basic auth and never appear in a message.
+    """
+
+    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(
+                f"schema registry URL {redact.url(url)!r}: expected http(s)://host[:port][/path]"
+            )
+        self.url = url
+        self.cache_key = url  # what a process caches this registry's schemas under
+        self.shown = redact.url(url)
+        netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+        self._base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+        self._headers = {"Accept": _CONTENT_TYPE}
+        if parts.username is not None:
+            import base64
+
+            user = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {token}"
+        self.timeout_s = timeout_s
+
+    def schema_by_id(self, schema_id: int) -> str:
+        answer = self._call("GET", f"/schemas/ids/{int(schema_id)}", f"schema id {schema_id}")
+        return _schema_text(answer, self.shown)
+
+    def latest(self, subject: str) -> RegisteredSchema:
+        path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest"
+        answer = self._call("GET", path, f"subject {subject!r}")
+        try:
+            return RegisteredSchema(
+                int(answer["id"]), int(answer["version"]), _schema_text(answer, self.shown)
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RegistryUnavailable(
+                f"schema registry {self.shown}: unexpected answer for {subject!r}"
+            ) from exc
+
+    def register(self, subject: str, schema: str) -> int:
+        """Register ``schema`` (Avro JSON text) under ``subject``; its id (the same id if already there)."""
+        path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
+        answer = self._call("POST", path, f"subject {subject!r}", {"schema": schema})
+        try:
+            return int(answer["id"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RegistryUnavailable(
+                f"schema registry {self.shown}: unexpected answer for {subject!r}"
+            ) from exc
+
+    def _call(self, method: str, path: str, what: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        headers = dict(self._headers, **({} if data is None else {"Content-Type": _CONTENT_TYPE}))
+        request = urllib.request.Request(self._base + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            body = _error_body(exc)
+            if exc.code == 404 and body.get("error_code") in _NOT_FOUND_CODES:
+                raise SchemaNotFound(f"schema registry {self.shown} has no {what}") from exc
+            if (
+                exc.code == 404
+            ):  # not the registry's own "not found": most likely a URL without the API's path
+                raise RegistryUnavailable(
+                    f"schema registry {self.shown} answered HTTP 404 for {what} without a registry error "
+                    "code: is the URL the registry API's base (e.g. …/apis/ccompat/v7 for Apicurio)?"
+                ) from exc
+            message = one_line(body.get("message", exc.reason if isinstance(exc.reason, str) else ""))[:200]
+            raise RegistryUnavailable(
+                f"schema registry {self.shown} answered HTTP {exc.code} for {what}: {message}"
+            ) from exc
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise RegistryUnavailable(
+                f"schema registry {self.shown} is unreachable for {what}: {redact.text(one_line(reason))}"
+            ) from exc
+
+
+class FolderSchemaRegistry:
+    """Schemas kept as ``.avsc`` files in a folder, with ids and subjects from its ``registry.json``.
+
+    Not a registry server: nothing registers here, a person writes the files. The manifest reads
+    ``{"schemas": [{"id": 1, "subject": "orders-value", "version": 1, "file": "orders-v1.avsc"}, ...]}``;
+    a subject's latest is its highest version.
+    """
+
+    MANIFEST = "registry.json"
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.cache_key = f"file://{self.folder.resolve()}"
+        self._entries = self._manifest()
+
+    def _manifest(self) -> list[tuple[int, str, int, str]]:
+        """The manifest's (id, subject, version, file) entries, read now: a person may add a version to
+        the folder while pipelines run, as a producer registers one in a registry server."""
+        manifest = self.folder / self.MANIFEST
+        try:
+            entries = json.loads(manifest.read_text(encoding="utf-8"))["schemas"]
+            return [(int(e["id"]), str(e["subject"]), int(e["version"]), str(e["file"])) for e in entries]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(
+                f"schema folder {manifest}: expected a manifest "
+                '{"schemas": [{"id", "subject", "version", "file"}, ...]} '
+                f"({type(exc).__name__}: {one_line(exc)})"
+            ) from exc
+
+    def schema_by_id(self, schema_id: int) -> str:
+        file = self._file_of(schema_id)
+        if file is None:  # an id added since the manifest was read, or none at all
+            self._entries = self._manifest()
+            file = self._file_of(schema_id)
+        if file is None:
+            raise SchemaNotFound(f"schema folder {self.folder} has no schema id {schema_id}")
+        return self._read(file)
+
+    def _file_of(self, schema_id: int) -> str | None:
+        return next((file for entry_id, _, _, file in self._entries if entry_id == schema_id), None)
+
+    def latest(self, subject: str) -> RegisteredSchema:
+        self._entries = self._manifest()  # once per slice: a new version is seen by the next one
+        versions = [(v, i, f) for i, s, v, f in self._entries if s == subject]
+        if not versions:
+            raise SchemaNotFound(f"schema folder {self.folder} has no subject {subject!r}")
+        version, schema_id, file = max(versions)
+        return RegisteredSchema(schema_id, version, self._read(file))
+
+    def _read(self, file: str) -> str:
+        try:
+            return (self.folder / file).read_text(encoding="utf-8")
+        except OSError as exc:
+            # The folder is the deployment's, like a registry server: a missing file is not a record's fault.
+            raise RegistryUnavailable(
+                f"schema folder {self.folder}: cannot read {file} ({one_line(exc)})"
+            ) from exc
+
+
+def registry_at(url: str | None) -> SchemaRegistry | None:
+    """The registry a deployment names (`onceflow.config.Settings.schema_registry_url`): ``http(s)://``
+    for a registry server, ``file:///folder`` for a folder of schemas; None when none is named."""
+    if url is None:
+        return None
+    if url.startswith("file://"):
+        return FolderSchemaRegistry(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
+    return HttpSchemaRegistry(url)
+
+
+def _schema_text(answer: Any, shown: str) -> str:
+    if not isinstance(answer, dict) or not isinstance(answer.get("schema"), str):
+        raise RegistryUnavailable(f"schema registry {shown}: an answer without a schema")
+    schema_type = answer.get("schemaType", "AVRO")
+    if schema_type != "AVRO":
+        raise SchemaNotFound(f"schema registry {shown}: the schema is {schema_type}, not Avro")
+    return str(answer["schema"])
+
+
+def _error_body(exc: urllib.error.HTTPError) -> dict[str, Any]:
+    """The JSON error of a registry's answer (``{"error_code": …, "message": …}``), or {}."""
+    try:
+        body = json.loads(exc.read())
+    except (ValueError, OSError, AttributeError):
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -1,0 +1,135 @@
+"""The HTTP registry client: the requests it makes, what each answer becomes, and no secret in a message.
+
+The server here is a stub that answers as the common REST API documents, to check the client's side
+of the conversation; it is no registry.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import pytest
+
+from onceflow.config import Settings
+from onceflow.errors import ConfigError
+from onceflow.schema_registry import (
+    FolderSchemaRegistry,
+    HttpSchemaRegistry,
+    RegistryUnavailable,
+    SchemaNotFound,
+    registry_at,
+)
+
+SCHEMA = '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}'
+
+
+class Stub(BaseHTTPRequestHandler):
+    seen: ClassVar[list[tuple[str, str, str | None, Any]]] = []
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _answer(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self.seen.append(("GET", self.path, self.headers.get("Authorization"), None))
+        if self.path == "/api/schemas/ids/5":
+            self._answer(200, {"schema": SCHEMA})
+        elif self.path == "/api/schemas/ids/6":
+            self._answer(200, {"schema": "syntax = 'proto3';", "schemaType": "PROTOBUF"})
+        elif self.path == "/api/subjects/orders%2Fvalue/versions/latest":
+            self._answer(200, {"subject": "orders/value", "version": 3, "id": 5, "schema": SCHEMA})
+        elif self.path == "/api/schemas/ids/500":
+            self._answer(500, {"error_code": 50001, "message": "storage\nfailed"})
+        elif self.path.startswith("/api/"):
+            self._answer(404, {"error_code": 40403, "message": "Schema not found"})
+        else:  # outside the API: the server's own 404, no registry error code
+            self._answer(404, {"title": "Could not find resource", "status": 404})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append(("POST", self.path, self.headers.get("Content-Type"), body))
+        self._answer(200, {"id": 9})
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    Stub.seen = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_client_reads_by_id_and_latest_and_registers(server: str) -> None:
+    client = HttpSchemaRegistry(f"http://user:pa%40ss@{server}/api/")
+    assert client.schema_by_id(5) == SCHEMA
+    latest = client.latest("orders/value")
+    assert (latest.id, latest.version, latest.schema) == (5, 3, SCHEMA)
+    assert client.register("orders/value", SCHEMA) == 9
+    token = "Basic " + base64.b64encode(b"user:pa@ss").decode()
+    assert Stub.seen == [
+        ("GET", "/api/schemas/ids/5", token, None),
+        ("GET", "/api/subjects/orders%2Fvalue/versions/latest", token, None),
+        (
+            "POST",
+            "/api/subjects/orders%2Fvalue/versions",
+            "application/vnd.schemaregistry.v1+json",
+            {"schema": SCHEMA},
+        ),
+    ]
+
+
+def test_unknown_ids_are_not_found_and_server_errors_are_unavailable_in_one_line(server: str) -> None:
+    client = HttpSchemaRegistry(f"http://user:topsecret@{server}/api")
+    with pytest.raises(SchemaNotFound, match="has no schema id 77"):
+        client.schema_by_id(77)
+    with pytest.raises(SchemaNotFound, match="PROTOBUF, not Avro"):
+        client.schema_by_id(6)
+    with pytest.raises(RegistryUnavailable) as raised:
+        client.schema_by_id(500)
+    message = str(raised.value)
+    shown = f"http://user:***@{server}/api"
+    assert message == f"schema registry {shown} answered HTTP 500 for schema id 500: storage; failed"
+
+
+def test_a_url_without_the_apis_path_aborts_instead_of_dead_lettering(server: str) -> None:
+    """A 404 without the registry's error code is a wrong URL: every id would look unknown."""
+    with pytest.raises(
+        RegistryUnavailable, match="without a registry error code: is the URL the registry API"
+    ):
+        HttpSchemaRegistry(f"http://{server}").schema_by_id(5)
+
+
+def test_a_registry_is_named_by_its_url() -> None:
+    assert isinstance(registry_at("http://127.0.0.1:8081"), HttpSchemaRegistry)
+    assert registry_at(None) is None
+    with pytest.raises(ConfigError, match=r"schema folder .*registry.json: expected a manifest"):
+        registry_at("file:///nonexistent-onceflow-schemas")
+    assert FolderSchemaRegistry.MANIFEST == "registry.json"
+
+
+def test_settings_take_the_registry_url_and_refuse_other_schemes() -> None:
+    settings = Settings.from_env({"ONCEFLOW_SCHEMA_REGISTRY_URL": " http://127.0.0.1:18081/apis/ccompat/v7 "})
+    assert settings.schema_registry_url == "http://127.0.0.1:18081/apis/ccompat/v7"
+    assert settings.as_env()["ONCEFLOW_SCHEMA_REGISTRY_URL"] == settings.schema_registry_url
+    assert Settings.from_env({}).schema_registry_url is None
+    assert "ONCEFLOW_SCHEMA_REGISTRY_URL" not in Settings.from_env({}).as_env()
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"ONCEFLOW_SCHEMA_REGISTRY_URL": "ftp://u:hidden@host/x"})
+    assert "hidden" not in str(raised.value) and "ONCEFLOW_SCHEMA_REGISTRY_URL=" in str(raised.value)
