@@ -25,6 +25,7 @@ from onceflow.ledger import Ledger
 from onceflow.pipeline import load_pipeline
 
 EPOCH_SECONDS = re.compile(r": (\d+) offsets in ([\d.]+) s")
+STEP_SECONDS = re.compile(r"(plan|process|commit) ([\d.]+) s")
 
 
 def _produce(bootstrap: str, topic: str, first: int, count: int) -> None:
@@ -87,6 +88,11 @@ def measure(
         delete_topics(settings.kafka_bootstrap, [topic])
     epochs = [(int(m.group(1)), float(m.group(2))) for line in lines if (m := EPOCH_SECONDS.search(line))]
     later = [seconds for records, seconds in epochs[1:] if records]
+    # Where an epoch's time goes, per step, over the same epochs.
+    steps: dict[str, list[float]] = {}
+    for line in [line for line in lines if EPOCH_SECONDS.search(line)][1:]:
+        for step, seconds in STEP_SECONDS.findall(line):
+            steps.setdefault(step, []).append(float(seconds))
     return {
         "records_per_batch": per_batch,
         "batches": batches,
@@ -95,5 +101,6 @@ def measure(
         "freshness_median_s": round(statistics.median(freshness), 3),
         "epoch_s": later,
         "epoch_median_s": round(statistics.median(later), 3) if later else None,
+        "step_median_s": {step: round(statistics.median(v), 3) for step, v in steps.items()},
         "epochs": len(epochs),
     }

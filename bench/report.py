@@ -512,6 +512,8 @@ def _follow_section(results: dict[str, Any]) -> list[str]:
     if epochs:
         met = "met" if median(epochs) <= 1.0 else "**missed**"
         lines.append(f"| epoch (s) | {_fmt(median(epochs))} | {spread(epochs)} | ≤ 1 s: {met} |")
+    for step, seconds in (follow.get("step_median_s") or {}).items():
+        lines.append(f"| {step} (s, median) | {_fmt(seconds)} | | |")
     return [*lines, ""]
 
 

@@ -200,10 +200,12 @@ def run_until(
 
 
 def epoch_line(outcome: EpochOutcome) -> str:
-    """One progress line per epoch: records, rate and the offsets left for later epochs."""
+    """One progress line per epoch: records, rate, where the time went and the offsets left for later
+    epochs (``plan`` includes recover; ``process`` is every slice)."""
     records = outcome.planned.span
     rate = records / outcome.seconds if outcome.seconds > 0 else 0.0
+    steps = " + ".join(f"{step} {seconds:.2f} s" for step, seconds in outcome.steps.items())
     return (
         f"{outcome.epoch}: {records} offsets in {outcome.seconds:.1f} s ({rate:,.0f}/s), "
-        f"{outcome.planned.backlog} left"
+        f"{steps or 'no steps timed'}, {outcome.planned.backlog} left"
     )
