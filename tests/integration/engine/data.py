@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 import uuid
+from collections.abc import Callable
 
 from confluent_kafka import Producer
 
@@ -64,3 +67,16 @@ def dead_letter_codes(stack) -> list[str]:  # type: ignore[no-untyped-def]
     with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
         letters = ledger.dead_letters(stack["ONCEFLOW_TEST_PIPELINE"])
     return sorted(d.letter.reason.split(":")[0] for d in letters)
+
+
+def wait_while_running(
+    condition: Callable[[], bool], what: str, process: subprocess.Popen[str], timeout: float = 120
+) -> None:
+    """Until ``condition()`` holds; fails at once, with the process's output, if ``process`` exits first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"{what}: the process exited {process.returncode}: {process.communicate()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:g} s")
+        time.sleep(0.1)

@@ -12,14 +12,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from onceflow.faults import PAUSE_AT_ENV, PAUSE_DIR_ENV
 from onceflow.ledger import EpochStatus, Ledger
-from tests.integration.engine.data import orders, pg_ids, produce
+from tests.integration.engine.data import orders, pg_ids, produce, wait_while_running
 
 pytestmark = pytest.mark.integration
 
@@ -27,25 +26,8 @@ REPLICATE = "tests.integration.engine.pipelines:REPLICATE"
 ROOT = Path(__file__).resolve().parents[3]  # the pipeline module lives in the tests package
 
 
-def _wait(
-    condition: Callable[[], bool], what: str, process: subprocess.Popen[str], timeout: float = 120
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if process.poll() is not None:
-            raise AssertionError(f"the follower exited {process.returncode} before {what}: {process.stderr}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
-        time.sleep(0.1)
-
-
-def test_a_follower_commits_new_records_as_they_come_and_stops_cleanly_on_sigterm(
-    stack, settings, pg_connect, tmp_path
-) -> None:
-    topic, table = stack["ONCEFLOW_TEST_TOPIC"], stack["ONCEFLOW_TEST_TABLE"]
-    name = f"{stack['ONCEFLOW_TEST_PIPELINE']}-replica"
-    onceflow = str(Path(sys.executable).with_name("onceflow"))
-    pause = tmp_path / "pause"
+def _start_follower(stack: dict[str, str], pause: Path, *options: str) -> subprocess.Popen[str]:
+    """`onceflow run --follow` of the replica pipeline, armed to pause before its first decision."""
     env = {
         **os.environ,
         "ONCEFLOW_PIPELINES": REPLICATE,
@@ -53,26 +35,46 @@ def test_a_follower_commits_new_records_as_they_come_and_stops_cleanly_on_sigter
         PAUSE_AT_ENV: "before_decision",
         PAUSE_DIR_ENV: str(pause),
     }
-    follower = subprocess.Popen(
-        [onceflow, "run", name, "--follow", "--executor", "local", "--poll", "0.1"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    name = f"{stack['ONCEFLOW_TEST_PIPELINE']}-replica"
+    command = [
+        str(Path(sys.executable).with_name("onceflow")),
+        "run",
+        name,
+        "--follow",
+        "--executor",
+        "local",
+    ]
+    return subprocess.Popen(
+        [*command, *options], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+
+
+def test_a_follower_commits_new_records_as_they_come_and_stops_cleanly_on_sigterm(
+    stack, settings, pg_connect, tmp_path
+) -> None:
+    topic, table = stack["ONCEFLOW_TEST_TOPIC"], stack["ONCEFLOW_TEST_TABLE"]
+    name = f"{stack['ONCEFLOW_TEST_PIPELINE']}-replica"
+    pause = tmp_path / "pause"
+    follower = _start_follower(stack, pause, "--poll", "0.1")
     try:
         first, second = orders(0, 30), orders(30, 60)
         expected = sorted(o["id"] for o in first)
         produce(settings.kafka_bootstrap, topic, first)
         # Its first epoch stops before the decision: the records are staged, nothing is committed yet.
-        _wait(lambda: (pause / "paused-before_decision").exists(), "the first epoch's pause", follower)
+        wait_while_running(
+            lambda: (pause / "paused-before_decision").exists(), "the first epoch's pause", follower
+        )
         assert pg_ids(pg_connect, table) == []
         (pause / "resume-before_decision").touch()
-        _wait(lambda: pg_ids(pg_connect, table) == expected, "the first records' commit", follower)
+        wait_while_running(
+            lambda: pg_ids(pg_connect, table) == expected, "the first records' commit", follower
+        )
         # Later records need no new process: the same follower plans as soon as they arrive.
         produce(settings.kafka_bootstrap, topic, second)
         expected += sorted(o["id"] for o in second)
-        _wait(lambda: pg_ids(pg_connect, table) == expected, "the second records' commit", follower)
+        wait_while_running(
+            lambda: pg_ids(pg_connect, table) == expected, "the second records' commit", follower
+        )
         follower.send_signal(signal.SIGTERM)
         out, err = follower.communicate(timeout=60)
     finally:
@@ -95,23 +97,10 @@ def test_sigterm_mid_epoch_lets_that_epoch_commit_before_the_follower_exits(
     topic, table = stack["ONCEFLOW_TEST_TOPIC"], stack["ONCEFLOW_TEST_TABLE"]
     name = f"{stack['ONCEFLOW_TEST_PIPELINE']}-replica"
     pause = tmp_path / "pause"
-    env = {
-        **os.environ,
-        "ONCEFLOW_PIPELINES": REPLICATE,
-        "PYTHONPATH": str(ROOT),
-        PAUSE_AT_ENV: "before_decision",
-        PAUSE_DIR_ENV: str(pause),
-    }
-    follower = subprocess.Popen(
-        [str(Path(sys.executable).with_name("onceflow")), "run", name, "--follow", "--executor", "local"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    follower = _start_follower(stack, pause)
     try:
         produce(settings.kafka_bootstrap, topic, orders(0, 20))
-        _wait(lambda: (pause / "paused-before_decision").exists(), "the epoch's pause", follower)
+        wait_while_running(lambda: (pause / "paused-before_decision").exists(), "the epoch's pause", follower)
         follower.send_signal(signal.SIGTERM)  # while the epoch waits to be decided
         time.sleep(0.5)
         assert follower.poll() is None, "the follower exited with an epoch in flight"

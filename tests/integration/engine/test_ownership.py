@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,21 +17,11 @@ from onceflow.engine.runner import EpochOutcome, run_epoch
 from onceflow.faults import PAUSE_AT_ENV, PAUSE_DIR_ENV
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import load_pipeline
-from tests.integration.engine.data import orders, pg_ids, produce
+from tests.integration.engine.data import orders, pg_ids, produce, wait_while_running
 
 pytestmark = pytest.mark.integration
 
 REPLICATE = "tests.integration.engine.pipelines:REPLICATE"
-
-
-def _wait_for(path: Path, process: subprocess.Popen[str], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if process.poll() is not None:
-            raise AssertionError(f"the runner exited {process.returncode}: {process.communicate()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path.name} did not appear within {timeout}s")
-        time.sleep(0.2)
 
 
 def test_recover_and_a_second_runner_leave_a_live_epoch_alone_and_both_make_progress(
@@ -51,7 +40,7 @@ def test_recover_and_a_second_runner_leave_a_live_epoch_alone_and_both_make_prog
         text=True,
     )
     try:
-        _wait_for(pause / "paused-slice_after_tasks", runner_a)
+        wait_while_running((pause / "paused-slice_after_tasks").exists, "runner A's pause", runner_a)
         spec = load_pipeline(REPLICATE)
         with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
             # An operator's recover during the live run keeps the epoch and its staging.
