@@ -50,8 +50,9 @@ def python_workers(runtime: SparkRuntime) -> list[psutil.Process]:
 
 def forked_workers(runtime: SparkRuntime) -> list[psutil.Process]:
     """The Python workers running batches: the children of each executor's daemon."""
-    daemons = {p.pid for p in python_workers(runtime) if _parent(p) in runtime.executor_pids()}
-    return [p for p in python_workers(runtime) if _parent(p) in daemons]
+    executors, processes = set(runtime.executor_pids()), python_workers(runtime)
+    daemons = {p.pid for p in processes if _parent(p) in executors}
+    return [p for p in processes if _parent(p) in daemons]
 
 
 def _parent(process: psutil.Process) -> int | None:
