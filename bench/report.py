@@ -74,6 +74,13 @@ def _power(size: str) -> str:
     return f"10^{len(size) - 1}" if size.strip("0") == "1" else f"{int(size):,}"
 
 
+# The sustained targets: exactly-once ÷ at-least-once, the files pipeline ÷ the limit, and ÷ each peer
+# (1.5× Structured Streaming at 10^6, 1.2× elsewhere).
+EO_VS_ALO = 0.95
+VS_LIMIT = 0.6
+VS_PEER = {("files_vs_sss", "1000000"): 1.5}
+
+
 def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(target, measured, verdict) rows."""
     rows = []
@@ -85,9 +92,9 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             m = median(values)
             rows.append(
                 (
-                    f"exactly-once ≥ 0.9× at-least-once, whole pipeline ({int(size):,} records)",
+                    f"exactly-once ≥ {EO_VS_ALO}× at-least-once, whole pipeline ({int(size):,} records)",
                     f"{m:.3f}× ({spread(values)})",
-                    "met" if m >= 0.9 else "MISSED",
+                    "met" if m >= EO_VS_ALO else "MISSED",
                 )
             )
     for size, rounds in results.get("sink_protocol", {}).items():
@@ -95,9 +102,9 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         m = median(values)
         rows.append(
             (
-                f"exactly-once ≥ 0.9× at-least-once, sink alone ({int(size):,} rows)",
+                f"exactly-once ≥ {EO_VS_ALO}× at-least-once, sink alone ({int(size):,} rows)",
                 f"{m:.3f}× ({spread(values)})",
-                "met" if m >= 0.9 else "MISSED",
+                "met" if m >= EO_VS_ALO else "MISSED",
             )
         )
     # The sustained targets, at 10^6 and at 10^7 (the issue's own size) wherever they were measured.
@@ -106,13 +113,13 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         m = median(ratios(r)["files_vs_limit"] for r in tp[size])
         rows.append(
             (
-                f"pipeline ≥ 0.5× the limit at {_power(size)} records",
+                f"pipeline ≥ {VS_LIMIT}× the limit at {_power(size)} records",
                 f"{m:.3f}×",
-                "met" if m >= 0.5 else "MISSED",
+                "met" if m >= VS_LIMIT else "MISSED",
             )
         )
     if not sustained:
-        rows.append(("pipeline ≥ 0.5× the limit at 10^6 records", "not measured", "not measured"))
+        rows.append((f"pipeline ≥ {VS_LIMIT}× the limit at 10^7 records", "not measured", "not measured"))
     cost = results.get("commit_cost", {})
     for kind in ("postgres_2pc", "files"):
         by_size = cost.get(kind, {})
@@ -133,14 +140,34 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         for peer, key in (("Spark Structured Streaming", "files_vs_sss"), ("quix-streams", "files_vs_quix")):
             values = [ratios(r)[key] for r in tp[size] if not math.isnan(ratios(r)[key])]
             if values:
-                m = median(values)
+                m, bar = median(values), VS_PEER.get((key, size), 1.2)
                 rows.append(
                     (
-                        f"pipeline ≥ 1.2× {peer} at {_power(size)} records",
+                        f"pipeline ≥ {bar}× {peer} at {_power(size)} records",
                         f"{m:.3f}× ({spread(values)})",
-                        "met" if m >= 1.2 else "MISSED",
+                        "met" if m >= bar else "MISSED",
                     )
                 )
+    for size, runs in results.get("spark_jobs", {}).items():
+        per_slice = median(r["jobs"] / max(r["slices"], 1) for r in runs)
+        shuffled = max(r["shuffle_read_bytes"] + r["shuffle_write_bytes"] for r in runs)
+        rows.append(
+            (
+                f"one Spark job and no shuffle per slice, files pipeline ({_power(size)} records)",
+                f"{per_slice:g} job(s) per slice, {shuffled:,} shuffle bytes",
+                "met" if per_slice <= 1 and shuffled == 0 else "MISSED",
+            )
+        )
+    follow = results.get("follow")
+    if follow and follow.get("epoch_s"):
+        m = median(follow["epoch_s"])
+        rows.append(
+            (
+                f"`--follow`, {follow['records_per_batch']:,}-record epochs: median ≤ 1 s",
+                f"{m:.2f} s",
+                "met" if m <= 1 else "MISSED",
+            )
+        )
     latency = results.get("latency")
     if latency and latency.get("connect"):
         m = median(e["total_s"] for e in _latency_epochs(latency["connect"]))
@@ -203,6 +230,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _overhead_section(results)
     lines += _latency_section(results)
     lines += _follow_section(results)
+    lines += _jobs_section(results)
     lines += _memory_section(results)
     lines += ["", "![plots](report.png)", ""]
     return "\n".join(lines)
@@ -514,6 +542,29 @@ def _follow_section(results: dict[str, Any]) -> list[str]:
         lines.append(f"| epoch (s) | {_fmt(median(epochs))} | {spread(epochs)} | ≤ 1 s: {met} |")
     for step, seconds in (follow.get("step_median_s") or {}).items():
         lines.append(f"| {step} (s, median) | {_fmt(seconds)} | | |")
+    return [*lines, ""]
+
+
+def _jobs_section(results: dict[str, Any]) -> list[str]:
+    jobs = results.get("spark_jobs")
+    if not jobs:
+        return []
+    lines = [
+        "## What an epoch costs Spark (files pipeline, warm runtime)",
+        "",
+        "From the Connect server's REST API, the jobs tagged with the epoch's slices: each run is one epoch "
+        "of the whole data set (decode, filter, projection, the files sink's staging). One run per row.",
+        "",
+        "| records | slices | jobs | stages | tasks | shuffle read B | shuffle written B | job s | epoch s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for size, runs in sorted(jobs.items(), key=lambda item: int(item[0])):
+        lines += [
+            f"| {int(size):,} | {r['slices']} | {r['jobs']} | {r['stages']} | {r['tasks']} | "
+            f"{r['shuffle_read_bytes']:,} | {r['shuffle_write_bytes']:,} | "
+            f"{', '.join(f'{j:g}' for j in r['job_seconds'])} | {r['epoch_seconds']:g} |"
+            for r in runs
+        ]
     return [*lines, ""]
 
 

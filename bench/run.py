@@ -143,6 +143,20 @@ class Bench:
         say(f"follow: freshness median {out['freshness_median_s']} s, epoch median {out['epoch_median_s']} s")
         self.record("follow", out)
 
+    def spark_jobs(self, sizes: tuple[int, ...]) -> None:
+        """What one epoch of the files pipeline costs Spark itself (jobs, stages, shuffle bytes), from the
+        Connect server's REST API, at each size."""
+        from bench import spark_jobs
+
+        if self.remote is None:
+            say("jobs: no warm runtime (ONCEFLOW_SPARK_REMOTE is not set); skipped")
+            return
+        out: dict[str, list[dict[str, Any]]] = {}
+        for size in sizes:
+            out[str(size)] = [spark_jobs.measure(size, spark_jobs.default_ui()) for _ in range(self.runs)]
+            say(f"jobs {size} records: {out[str(size)]}")
+        self.record("spark_jobs", out)
+
     # 3.
     def commit_cost(self, sizes: tuple[int, ...]) -> None:
         topic = create_topic(self.settings.kafka_bootstrap, "bench-commit")
@@ -329,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp one)")
     parser.add_argument(
         "--steps",
-        help="comma-separated subset of: startup,overhead,latency,commit,protocol,throughput,memory "
-        "(default: all)",
+        help="comma-separated subset of: startup,overhead,latency,follow,jobs,commit,protocol,"
+        "throughput,memory (default: all)",
     )
     parser.add_argument(
         "--merge", action="store_true", help="update --out/report.json with these steps' results"
@@ -382,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         "overhead": bench.epoch_overhead,
         "latency": bench.latency,
         "follow": bench.follow,
+        "jobs": lambda: bench.spark_jobs(sizes),
         "commit": lambda: bench.commit_cost(commit_sizes),
         "protocol": lambda: bench.sink_protocol(protocol_sizes),
         "throughput": lambda: bench.throughput(sizes, pg_sizes, peer_sizes),

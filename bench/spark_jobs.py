@@ -76,12 +76,14 @@ def _seconds(stamp: str) -> float:
     return parsed.replace(tzinfo=UTC).timestamp()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=100_000)
-    host, port = os.environ.get("ONCEFLOW_SPARK_HOST", "127.0.0.1"), os.environ.get("ONCEFLOW_SPARK_UI_PORT")
-    parser.add_argument("--ui", default=f"http://{host}:{port or 14040}", help="the Connect server's web UI")
-    args = parser.parse_args(argv)
+def default_ui() -> str:
+    """The Connect server's web UI, as the local stack starts it."""
+    host = os.environ.get("ONCEFLOW_SPARK_HOST", "127.0.0.1")
+    return f"http://{host}:{os.environ.get('ONCEFLOW_SPARK_UI_PORT') or 14040}"
+
+
+def measure(records: int, ui: str) -> dict[str, Any]:
+    """One epoch of ``records`` on the warm runtime and what it cost Spark: jobs, stages, tasks, shuffle."""
     from onceflow.config import Settings
     from onceflow.engine.connect import slice_tag
     from onceflow.engine.runner import run_epoch
@@ -91,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_env({**os.environ, "ONCEFLOW_LEDGER_URL": f"sqlite:///{workdir / 'ledger.db'}"})
     with Ledger.connect(settings.ledger_url, check=False) as ledger:  # a ledger of its own
         ledger.upgrade()
-    dataset = produce(settings.kafka_bootstrap, args.records, prefix="bench-jobs")
+    dataset = produce(settings.kafka_bootstrap, records, prefix="bench-jobs")
     name = f"bench-jobs-{uuid.uuid4().hex[:8]}"
-    spec = bench_pipeline("files", name, dataset.topic, workdir, batch_per_partition=args.records)
+    spec = bench_pipeline("files", name, dataset.topic, workdir, batch_per_partition=records)
     os.environ[SPEC_ENV] = spec.to_json()
     importlib.reload(pipelines)  # its SPEC is read from the environment at import
     try:
@@ -101,17 +103,24 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run_epoch(SPEC_PATH, settings, executor="connect")
         seconds = time.perf_counter() - started
         tag = slice_tag(spec.name, outcome.epoch.number, 0, outcome.epoch.attempt_token).rsplit("-s0-", 1)[0]
-        app, jobs = tagged_jobs(args.ui, tag)
-        result = {
-            "records": args.records,
+        app, jobs = tagged_jobs(ui, tag)
+        return {
+            "records": records,
             "slices": len(outcome.planned.slices_with_tasks),
             "epoch_seconds": round(seconds, 2),
-            **job_costs(args.ui, app, jobs),
+            **job_costs(ui, app, jobs),
         }
     finally:
         delete_topics(settings.kafka_bootstrap, [dataset.topic])
         shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--ui", default=default_ui(), help="the Connect server's web UI")
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.records, args.ui)))
     return 0
 
 

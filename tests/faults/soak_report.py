@@ -19,7 +19,7 @@ PANELS = (
     ("Staged bytes", ("staging_bytes",)),
     ("Open Kafka transactions", ("kafka_open_sink", "kafka_open_workload")),
     ("Ledger rows", ("ledger_rows",)),
-    ("Open file descriptors", ("fds.",)),
+    ("Open files and sockets", ("fds.", "sockets.")),
     ("Resident memory (MB)", ("rss_mb.",)),
     ("Spark runtime, proportional set size (MB)", ("runtime_pss_mb.", "runtime_pss_total_mb")),
     ("Spark runtime: Python processes, Connect sessions", ("python_processes", "sessions")),

@@ -30,12 +30,18 @@ LEDGER_TABLES = ("pipelines", "epochs", "epoch_offsets", "participants", "dead_l
 OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort"})
 SINK_TRANSACTIONS = "onceflow:"  # the Kafka sink's transactional.id prefix (the workload's are "wl-")
 GROWTH = 1.25
-# Absolute margins over the first half's peak, per curve: descriptors come and go with connections.
+# Absolute margins over the first half's peak, per curve. A process's descriptors are split in two:
+# files (log segments, jars, pipes), which a leak grows, and sockets, which come and go with the clients in
+# flight. A broker at rest holds about 150 files and a dozen sockets; in the hour soaks its descriptors
+# (then counted together) went from 172 up to 391 and back. Spark's pooled Kafka consumers (64 per executor,
+# evicted after 5 idle minutes) fill in over the first minutes, so a short run's second half can hold more
+# sockets than its first without anything leaking.
 # The warm runtime's footprint (`tests.faults.spark_faults.footprint`): JVM heaps settle after the first
 # minutes, and Python workers and Connect sessions come and go with the epochs in flight.
 MARGINS = {
     "ledger_rows": 200,
     "fds": 64,
+    "sockets": 256,
     "pg_connections": 5,
     "runtime_pss_total_mb": 300,
     "python_processes": 4,
@@ -55,7 +61,7 @@ class Sample:
     kafka_open_workload: int  # open transactions of the producer (it keeps producing while sampling)
     ledger_rows: dict[str, int]
     pg_connections: int
-    fds: dict[str, int]  # open file descriptors of each long-lived process
+    fds: dict[str, int]  # open file descriptors of each long-lived process, sockets left out
     rss_mb: dict[str, float]
     errors: list[str] = field(default_factory=list)
     # The warm runtime, when the soak runs on it: PSS in MB per role, Python processes, Connect sessions.
@@ -63,6 +69,7 @@ class Sample:
     python_processes: int = -1
     sessions: int = -1
     backlog: dict[str, int] = field(default_factory=dict)  # per pipeline, set by the soak itself
+    sockets: dict[str, int] = field(default_factory=dict)  # open sockets of each long-lived process
 
     @property
     def runtime_pss_total_mb(self) -> float:
@@ -80,8 +87,19 @@ class Sample:
         }
 
 
-def _proc_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+def _proc_fds(pid: int) -> tuple[int, int]:
+    """A process's open descriptors as (files, sockets)."""
+    files = sockets = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue  # closed between the listing and the look
+        if target.startswith("socket:"):
+            sockets += 1
+        else:
+            files += 1
+    return files, sockets
 
 
 def _proc_rss_mb(pid: int) -> float:
@@ -185,10 +203,11 @@ class Sampler:
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             errors.append(f"kafka transactions: {exc}")
         fds: dict[str, int] = {}
+        sockets: dict[str, int] = {}
         rss: dict[str, float] = {}
         for name, pid in {**self.extra_processes, **self.processes()}.items():
             try:
-                fds[name], rss[name] = _proc_fds(pid), _proc_rss_mb(pid)
+                (fds[name], sockets[name]), rss[name] = _proc_fds(pid), _proc_rss_mb(pid)
             except OSError as exc:
                 errors.append(f"{name} (pid {pid}): {exc.strerror}")
         staged = sum(p.stat().st_size for p in self.root.glob(f"**/{STAGING}/**/*") if p.is_file())
@@ -212,6 +231,7 @@ class Sampler:
             spark.pss_mb,
             spark.python_processes,
             spark.sessions,
+            sockets=sockets,
         )
 
 
@@ -224,7 +244,7 @@ def _halves(samples: Sequence[Sample]) -> tuple[Sequence[Sample], Sequence[Sampl
 
 
 def curves(samples: Sequence[Sample]) -> dict[str, list[float]]:
-    """Every sampled curve by name (ledger rows per table, fds and RSS per process), in sample order."""
+    """Every sampled curve by name (ledger rows per table; files, sockets, RSS per process), in order."""
     found: dict[str, list[float]] = {
         "prepared": [s.prepared for s in samples],
         "staging_bytes": [s.staging_bytes for s in samples],
@@ -238,7 +258,7 @@ def curves(samples: Sequence[Sample]) -> dict[str, list[float]]:
         ],
         "sessions": [s.sessions if s.sessions >= 0 else float("nan") for s in samples],
     }
-    for kind in ("ledger_rows", "fds", "rss_mb", "runtime_pss_mb", "backlog"):
+    for kind in ("ledger_rows", "fds", "sockets", "rss_mb", "runtime_pss_mb", "backlog"):
         names = sorted({n for s in samples for n in getattr(s, kind)})
         for name in names:
             found[f"{kind}.{name}"] = [getattr(s, kind).get(name, float("nan")) for s in samples]

@@ -47,7 +47,9 @@ def test_only_gaps_that_retention_made_are_excused() -> None:
     assert without_retention_gaps(problems, set()) == problems
 
 
-def _sample(minute: float, pss: float, python: int, backlog: int) -> Sample:
+def _sample(
+    minute: float, pss: float, python: int, backlog: int, files: int = 160, sockets: int = 40
+) -> Sample:
     return Sample(
         minute=minute,
         prepared=0,
@@ -56,12 +58,13 @@ def _sample(minute: float, pss: float, python: int, backlog: int) -> Sample:
         kafka_open_workload=0,
         ledger_rows={"epochs": 10},
         pg_connections=3,
-        fds={"kafka": 200},
+        fds={"kafka": files},
         rss_mb={"kafka": 500.0},
         runtime_pss_mb={"connect": pss / 2, "executors": pss / 2},
         python_processes=python,
         sessions=3,
         backlog={"records": backlog},
+        sockets={"kafka": sockets},
     )
 
 
@@ -75,3 +78,12 @@ def test_the_runtime_footprint_and_the_backlog_are_bounded_by_their_first_half()
     # A pipeline slower than the producer: its backlog climbs past a minute and a half of input.
     behind = [_sample(m, 3000, 12, 30_000 * m) for m in range(10)]
     assert [p.split(" grew")[0] for p in unbounded(behind)] == ["backlog.records"]
+
+
+def test_a_brokers_clients_come_and_go_but_its_files_are_bounded() -> None:
+    # Spark's pooled Kafka consumers fill in after the first minutes of a short run: sockets, not a leak.
+    pooled = [_sample(m, 3000, 12, 20_000, sockets=20 if m < 2 else 230) for m in range(4)]
+    assert unbounded(pooled) == []
+    # Descriptors of files that keep opening (segments, a handle never closed) are caught.
+    leaking = [_sample(m, 3000, 12, 20_000, files=160 + 40 * m) for m in range(10)]
+    assert [p.split(" grew")[0] for p in unbounded(leaking)] == ["fds.kafka"]
