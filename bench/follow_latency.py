@@ -28,7 +28,8 @@ EPOCH_SECONDS = re.compile(r": (\d+) offsets in ([\d.]+) s")
 STEP_SECONDS = re.compile(r"(plan|process|commit) ([\d.]+) s")
 
 
-def _produce(bootstrap: str, topic: str, first: int, count: int) -> None:
+def produce_batch(bootstrap: str, topic: str, first: int, count: int) -> None:
+    """Records ``first`` to ``first + count - 1`` of the bench's data set, spread over its partitions."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
@@ -70,7 +71,7 @@ def measure(
         runner.start()
         with Ledger.connect(settings.ledger_url) as ledger:
             for batch in range(batches + 1):
-                _produce(settings.kafka_bootstrap, topic, batch * per_batch, per_batch)
+                produce_batch(settings.kafka_bootstrap, topic, batch * per_batch, per_batch)
                 produced = time.perf_counter()
                 deadline = produced + 120
                 while _committed(ledger, name) < (batch + 1) * per_batch:

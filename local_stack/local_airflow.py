@@ -6,10 +6,12 @@ than importing it, so that they exercise exactly what an operator runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from onceflow.config import Settings
@@ -74,6 +76,41 @@ def migrate(env: Mapping[str, str]) -> None:
     """Create or upgrade Airflow's metadata DB in AIRFLOW_HOME (idempotent)."""
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     run_airflow(["db", "migrate"], env, timeout=300)
+
+
+def start_servers(
+    env: Mapping[str, str], logs: Path, commands: Iterable[Sequence[str]]
+) -> list[subprocess.Popen[bytes]]:
+    """Start Airflow servers (``["api-server", "--port", P]``, ``["scheduler"]``...), each in a session of
+    its own so that `stop_process_groups` also stops the workers it forks; each logs to logs/<name>.log."""
+    airflow = str(Path(sys.executable).parent / "airflow")
+    logs.mkdir(parents=True, exist_ok=True)
+    return [
+        subprocess.Popen(
+            [airflow, *args],
+            env=dict(env),
+            stdout=(logs / f"{args[0]}.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for args in commands
+    ]
+
+
+def stop_process_groups(procs: Iterable[subprocess.Popen[bytes] | subprocess.Popen[str]]) -> None:
+    """Stop Airflow servers started with ``start_new_session=True``: SIGTERM to each process group (a
+    server and the workers it forked), then SIGKILL to a group still there after 30 s."""
+    procs = list(procs)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

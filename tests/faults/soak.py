@@ -518,7 +518,8 @@ class Soak:
         say(
             f"minute {taken.minute}: prepared {taken.prepared}, staged {taken.staging_bytes} B, "
             f"open sink transactions {taken.kafka_open_sink}, ledger rows {taken.ledger_total}, "
-            f"files {taken.fds}, sockets {taken.sockets}, Spark runtime {taken.runtime_pss_total_mb:g} MB PSS with "
+            f"files {taken.fds}, sockets {taken.sockets}, "
+            f"Spark runtime {taken.runtime_pss_total_mb:g} MB PSS with "
             f"{taken.python_processes} Python processes and {taken.sessions} sessions, "
             f"backlog {taken.backlog} {taken.errors or ''}"
         )

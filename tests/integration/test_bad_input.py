@@ -23,11 +23,11 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
+from local_stack.ports import free_port
 
 from onceflow.ledger import Ledger
 from onceflow.topics import wait_for_leaders
 from tests.integration.engine.data import orders, produce
-from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from local_stack.ports import free_port
 
 from onceflow.config import Settings
 from onceflow.errors import OnceflowError
@@ -28,7 +29,6 @@ from onceflow.sinks._iceberg_spark import spark_conf
 from onceflow.sinks.iceberg import IcebergConfig
 from onceflow.topics import wait_for_leaders
 from tests.integration.engine.data import orders, produce
-from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import signal
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from onceflow.ledger import Epoch, Ledger
 from onceflow.offsets import OffsetRange
@@ -100,19 +97,3 @@ def read_topic(bootstrap: str, topic: str) -> list[bytes]:
             r.value or b"" for r in read_range(bootstrap, OffsetRange(topic, p.partition, 0, p.stable))
         ]
     return values
-
-
-def stop_process_groups(procs: Iterable[subprocess.Popen[bytes] | subprocess.Popen[str]]) -> None:
-    """Stop Airflow servers started with ``start_new_session=True``: SIGTERM to each process group (a
-    server and the workers it forked), then SIGKILL to a group still there after 30 s."""
-    procs = list(procs)
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from examples.orders.data import make_orders, produce
-from local_stack.local_airflow import migrate
+from local_stack.local_airflow import migrate, start_servers, stop_process_groups
+from local_stack.ports import free_port
 
 from onceflow.ledger import EpochStatus, Ledger
-from tests.integration.airflow.helpers import airflow, stop_process_groups
-from tests.ports import free_port
+from tests.integration.airflow.helpers import airflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,16 +49,7 @@ def scheduler_env(orders_stack, tmp_path: Path) -> Iterator[dict[str, str]]:
         db.execute("UPDATE dag SET is_paused = 0, next_dagrun_create_after = NULL WHERE dag_id = ?", (DAG,))
         db.commit()
     logs = tmp_path / "airflow"
-    procs = [
-        subprocess.Popen(
-            ["airflow", *args],
-            env=env,
-            stdout=(logs / f"{args[0]}.log").open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        for args in (["api-server", "--port", str(port)], ["scheduler"])
-    ]
+    procs = start_servers(env, logs, (["api-server", "--port", str(port)], ["scheduler"]))
     try:
         yield env
     finally:

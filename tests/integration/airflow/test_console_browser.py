@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from local_stack.local_airflow import stop_process_groups
+from local_stack.ports import free_port
 
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.ledger.refusals import abort_refusal
-from tests.integration.airflow.helpers import stop_process_groups
 from tests.integration.engine.data import produce
-from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 

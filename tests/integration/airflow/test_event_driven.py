@@ -11,19 +11,17 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from local_stack.local_airflow import migrate
+from local_stack.local_airflow import migrate, start_servers, stop_process_groups
+from local_stack.ports import free_port
 
 from onceflow.ledger import EpochStatus, Ledger
 from tests.conftest import ROOT
-from tests.integration.airflow.helpers import stop_process_groups
-from tests.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -62,16 +60,9 @@ def clicks(airflow_env, make_topic, pg_database, tmp_path: Path) -> Iterator[dic
     env.pop("ONCEFLOW_SPARK_REMOTE", None)
     migrate(env)
     logs = tmp_path / "airflow"
-    procs = [
-        subprocess.Popen(
-            ["airflow", *args],
-            env=env,
-            stdout=(logs / f"{args[0]}.log").open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        for args in (["api-server", "--port", str(port)], ["scheduler"], ["triggerer"], ["dag-processor"])
-    ]
+    procs = start_servers(
+        env, logs, (["api-server", "--port", str(port)], ["scheduler"], ["triggerer"], ["dag-processor"])
+    )
     try:
         yield {**env, "topic": topic, "pipeline": topic, "table": topic.replace("-", "_")}
     finally:

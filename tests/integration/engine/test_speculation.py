@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from local_stack.ports import consecutive_free_ports, free_ports
 from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.config import Settings
@@ -33,7 +34,6 @@ from onceflow.pipeline import load_pipeline
 from onceflow.planning import committers_for
 from onceflow.sinks.postgres_2pc import GidParts, parse_gid
 from tests.integration.engine.data import delivered_ids, orders, produce
-from tests.ports import consecutive_free_ports, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

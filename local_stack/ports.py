@@ -1,4 +1,4 @@
-"""Free loopback ports for the services a test starts of its own (a second cluster, a PostgreSQL, Airflow)."""
+"""Free loopback ports for the services a test or a bench starts of its own (a cluster, Airflow)."""
 
 from __future__ import annotations
 
