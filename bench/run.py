@@ -143,6 +143,19 @@ class Bench:
         say(f"follow: freshness median {out['freshness_median_s']} s, epoch median {out['epoch_median_s']} s")
         self.record("follow", out)
 
+    def airflow_route(self) -> None:
+        """Epochs through a real Airflow scheduler (api-server, scheduler, DAG processor) on the warm
+        runtime: DAG run queued → committed, and where each task's time goes."""
+        from bench import airflow_route
+
+        if self.remote is None:
+            say("airflow: no warm runtime (ONCEFLOW_SPARK_REMOTE is not set); skipped")
+            return
+        settings = dataclasses.replace(self.settings, spark_remote=self.remote)
+        out = airflow_route.measure(settings, self.workdir)
+        say(f"airflow: queued → committed median {out['queued_to_committed_median_s']} s")
+        self.record("airflow_route", out)
+
     def spark_jobs(self, sizes: tuple[int, ...]) -> None:
         """What one epoch of the files pipeline costs Spark itself (jobs, stages, shuffle bytes), from the
         Connect server's REST API, at each size."""
@@ -343,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp one)")
     parser.add_argument(
         "--steps",
-        help="comma-separated subset of: startup,overhead,latency,follow,jobs,commit,protocol,"
-        "throughput,memory (default: all)",
+        help="comma-separated subset of: startup,overhead,latency,follow,jobs,airflow,commit,"
+        "protocol,throughput,memory (default: all)",
     )
     parser.add_argument(
         "--merge", action="store_true", help="update --out/report.json with these steps' results"
@@ -397,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         "latency": bench.latency,
         "follow": bench.follow,
         "jobs": lambda: bench.spark_jobs(sizes),
+        "airflow": bench.airflow_route,
         "commit": lambda: bench.commit_cost(commit_sizes),
         "protocol": lambda: bench.sink_protocol(protocol_sizes),
         "throughput": lambda: bench.throughput(sizes, pg_sizes, peer_sizes),

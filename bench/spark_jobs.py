@@ -11,6 +11,7 @@ writes only under a temporary folder (its ledger too) and to a topic of its own,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -76,6 +77,38 @@ def _seconds(stamp: str) -> float:
     return parsed.replace(tzinfo=UTC).timestamp()
 
 
+def cpu_seconds_by_role() -> dict[str, float]:
+    """CPU seconds (user + system) so far of each process that can work on an epoch, summed by role:
+    the Connect server, the executors' JVMs, their Python workers, the Kafka broker(s), PostgreSQL and
+    this process (the slice's driver). Processes that started and ended between two calls are missed;
+    Spark reuses its Python workers, so few do."""
+    import psutil
+    from local_stack.spark_runtime import SparkRuntime
+
+    runtime = SparkRuntime.from_env()
+    roles: dict[str, list[psutil.Process]] = {"driver": [psutil.Process()]}
+    with contextlib.suppress(psutil.Error, ValueError):
+        roles["connect server"] = [psutil.Process(runtime.pid("connect") or -1)]
+    for pid in runtime.executor_pids():
+        with contextlib.suppress(psutil.Error):
+            executor = psutil.Process(pid)
+            roles.setdefault("executor JVMs", []).append(executor)
+            roles.setdefault("executor Python workers", []).extend(executor.children(recursive=True))
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or ())
+        if "kafka.Kafka" in cmdline:
+            roles.setdefault("Kafka broker", []).append(proc)
+        elif proc.info["name"] == "postgres":
+            roles.setdefault("PostgreSQL", []).append(proc)
+    seconds: dict[str, float] = {}
+    for role, procs in roles.items():
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                seconds[role] = seconds.get(role, 0.0) + times.user + times.system
+    return seconds
+
+
 def default_ui() -> str:
     """The Connect server's web UI, as the local stack starts it."""
     host = os.environ.get("ONCEFLOW_SPARK_HOST", "127.0.0.1")
@@ -99,9 +132,11 @@ def measure(records: int, ui: str) -> dict[str, Any]:
     os.environ[SPEC_ENV] = spec.to_json()
     importlib.reload(pipelines)  # its SPEC is read from the environment at import
     try:
+        cpu_before = cpu_seconds_by_role()
         started = time.perf_counter()
         outcome = run_epoch(SPEC_PATH, settings, executor="connect")
         seconds = time.perf_counter() - started
+        cpu_after = cpu_seconds_by_role()
         tag = slice_tag(spec.name, outcome.epoch.number, 0, outcome.epoch.attempt_token).rsplit("-s0-", 1)[0]
         app, jobs = tagged_jobs(ui, tag)
         return {
@@ -109,6 +144,11 @@ def measure(records: int, ui: str) -> dict[str, Any]:
             "slices": len(outcome.planned.slices_with_tasks),
             "epoch_seconds": round(seconds, 2),
             **job_costs(ui, app, jobs),
+            # Where the machine's CPU went during the epoch (a process new since the first look counts
+            # from zero).
+            "cpu_seconds": {
+                role: round(spent - cpu_before.get(role, 0.0), 2) for role, spent in cpu_after.items()
+            },
         }
     finally:
         delete_topics(settings.kafka_bootstrap, [dataset.topic])

@@ -59,7 +59,14 @@ from onceflow.state.store import committed_state_files, state_sink
 # Output partitions are participants: their number is fixed when the query is planned. Adaptive
 # execution changes it at run time (coalescing, local shuffle readers after a join turns into a
 # broadcast, skew splits), so a partition could have no participant: it is off for every slice.
-SLICE_SQL_CONF: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
+SLICE_SQL_CONF: dict[str, str] = {
+    "spark.sql.adaptive.enabled": "false",
+    # Spark 4 measures an Arrow batch's bytes after every row it adds, unless this is Int.MaxValue; that
+    # measuring was a third of the executors' busy time in a slice (it sizes every vector, the headers'
+    # lists too). Batches are then bounded by rows (spark.sql.execution.arrow.maxRecordsPerBatch,
+    # 10,000), as in Spark 3, and each record by the pipeline's max_record_bytes.
+    "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
+}
 
 # Gives a slice its Spark session for steps 3 to 5 (and ends whatever it must when the slice is done).
 SessionFor = Callable[[Pipeline, SliceRef], AbstractContextManager[Any]]
