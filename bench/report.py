@@ -323,6 +323,7 @@ def _notes_section(results: dict[str, Any]) -> list[str]:
             "field it cannot convert without flagging the record). All of it shares 2 cores with the "
             "Kafka broker, PostgreSQL and the driver."
         )
+    lines += _where_the_time_goes(results)
     if share is not None:
         startup = median(results.get("spark_startup_s", []))
         lines.append(
@@ -555,6 +556,31 @@ def _follow_section(results: dict[str, Any]) -> list[str]:
     for step, seconds in (follow.get("step_median_s") or {}).items():
         lines.append(f"| {step} (s, median) | {_fmt(seconds)} | | |")
     return [*lines, ""]
+
+
+def _where_the_time_goes(results: dict[str, Any]) -> list[str]:
+    """The profile of a one-pass epoch, from the jobs step's CPU seconds, when it ran."""
+    runs = [r for size, rs in results.get("spark_jobs", {}).items() for r in rs if r.get("cpu_seconds")]
+    if not runs:
+        return []
+    largest = max(r["records"] for r in runs)
+    runs = [r for r in runs if r["records"] == largest]
+    cpu = {role: median(r["cpu_seconds"].get(role, 0.0) for r in runs) for role in runs[0]["cpu_seconds"]}
+    epoch = median(r["epoch_seconds"] for r in runs)
+    busiest = sorted(cpu.items(), key=lambda item: -item[1])
+    return [
+        f"- **Where a one-pass epoch's time goes ({largest:,} records, the jobs step).** One Spark job of "
+        f"one stage, no shuffle, {median(r['tasks'] for r in runs):g} tasks; the epoch took "
+        f"{epoch:.1f} s (median), in which 2 cores could spend {2 * epoch:.0f} CPU seconds: "
+        + ", ".join(f"{role} {seconds:.1f}" for role, seconds in busiest)
+        + ". The executors' JVMs do the Kafka read, the two `from_json` parses and the checks, and the "
+        "conversion of every batch to Arrow and back for the Python UDF of doubtful records (null here: "
+        "none is doubtful) and for the sinks' writers; the Python workers write the Parquet files. Thread "
+        "dumps of the executors taken during such an epoch found a third of the busy task threads in "
+        "Spark 4's per-row sizing of Arrow batches (`ArrowWriter.sizeInBytes`); slices now turn it off "
+        "(`spark.sql.execution.arrow.maxBytesPerBatch` at Int.MaxValue, batches bounded by rows as in "
+        "Spark 3), and the rest is spread over the Kafka fetches, the JSON parser and the projections."
+    ]
 
 
 def _airflow_section(results: dict[str, Any]) -> list[str]:
