@@ -125,3 +125,15 @@ export ONCEFLOW_SPARK_WORKER_HOSTS="${ONCEFLOW_SPARK_WORKER_HOSTS:-$ONCEFLOW_SPA
 # More settings for the Connect server's application, as space-separated key=value pairs, e.g.
 # "spark.speculation=true spark.speculation.multiplier=2"; they win over infra/spark/connect-server.conf.
 export ONCEFLOW_SPARK_CONF="${ONCEFLOW_SPARK_CONF:-}"
+
+# The schema registry (infra/registry.sh): Apicurio Registry with in-memory storage, on loopback, its
+# Confluent-compatible API on ONCEFLOW_REGISTRY_PORT and Quarkus's management interface (health,
+# metrics) on ONCEFLOW_REGISTRY_MANAGEMENT_PORT; it needs Java 21 or newer (ONCEFLOW_REGISTRY_JAVA).
+export ONCEFLOW_REGISTRY_VERSION="${ONCEFLOW_REGISTRY_VERSION:-3.3.3}"
+export ONCEFLOW_REGISTRY_HOST="${ONCEFLOW_REGISTRY_HOST:-127.0.0.1}"
+export ONCEFLOW_REGISTRY_PORT="${ONCEFLOW_REGISTRY_PORT:-18081}"
+export ONCEFLOW_REGISTRY_MANAGEMENT_PORT="${ONCEFLOW_REGISTRY_MANAGEMENT_PORT:-18082}"
+export ONCEFLOW_REGISTRY_HEAP="${ONCEFLOW_REGISTRY_HEAP:-384m}"
+export ONCEFLOW_REGISTRY_DATA="${ONCEFLOW_REGISTRY_DATA:-$ONCEFLOW_HOME/registry}"
+# What `make services` prints for onceflow when it runs the registry: the local one's API.
+export ONCEFLOW_SCHEMA_REGISTRY_URL="${ONCEFLOW_SCHEMA_REGISTRY_URL:-http://$ONCEFLOW_REGISTRY_HOST:$ONCEFLOW_REGISTRY_PORT/apis/ccompat/v7}"

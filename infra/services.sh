@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Start or stop the whole local stack: PostgreSQL, Kafka and the warm Spark runtime (a standalone cluster
-# with a Spark Connect server, infra/spark.sh; ONCEFLOW_WARM_SPARK=0 leaves it out, and slices then run
-# through spark-submit). `start` ends by printing the connection settings as KEY=VALUE lines on stdout
-# (progress goes to stderr), so that `eval "$(infra/services.sh start)"` works.
+# Start or stop the whole local stack: PostgreSQL, Kafka, the schema registry (Apicurio Registry,
+# infra/registry.sh; left out, in one line, where no Java 21+ is there to run it) and the warm Spark
+# runtime (a standalone cluster with a Spark Connect server, infra/spark.sh; ONCEFLOW_WARM_SPARK=0 leaves
+# it out, and slices then run through spark-submit). `start` ends by printing the connection settings as
+# KEY=VALUE lines on stdout (progress goes to stderr), so that `eval "$(infra/services.sh start)"` works.
 set -euo pipefail
 here="$(dirname "${BASH_SOURCE[0]}")"
 # shellcheck source=infra/env.sh
@@ -13,6 +14,9 @@ print_env() {
   for key in ONCEFLOW_HOME ONCEFLOW_KAFKA_BOOTSTRAP ONCEFLOW_PG_DSN ONCEFLOW_LEDGER_URL; do
     printf '%s=%q\n' "$key" "${!key}"
   done
+  if "$here/registry.sh" usable 2>/dev/null; then
+    printf '%s=%q\n' ONCEFLOW_SCHEMA_REGISTRY_URL "$ONCEFLOW_SCHEMA_REGISTRY_URL"
+  fi
   if warm_spark; then "$here/spark.sh" env; fi
 }
 
@@ -23,6 +27,8 @@ case "${1:-}" in
     mkdir -p "$ONCEFLOW_HOME"
     "$here/postgres.sh" start
     "$here/kafka.sh" start
+    # Without a Java 21+, `usable` says in one line that the registry is left out, and the stack goes on.
+    if "$here/registry.sh" usable; then "$here/registry.sh" start >/dev/null; fi
     if warm_spark; then
       "$here/spark.sh" start >/dev/null
     else
@@ -33,6 +39,7 @@ case "${1:-}" in
     ;;
   stop)
     "$here/spark.sh" stop
+    "$here/registry.sh" stop
     "$here/kafka.sh" stop
     "$here/postgres.sh" stop
     ;;

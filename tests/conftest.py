@@ -1,13 +1,15 @@
 """Fixtures shared by every test: the real local stack that `make test` starts.
 
 Integration tests never skip when a service is missing: they fail and say how to start it, because a
-skipped integration test proves nothing.
+skipped integration test proves nothing. The one exception is the schema registry where no Java 21+ can
+run it (`make services` leaves it out there, in one line): its tests skip with that line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import Settings
+from onceflow.schema_registry import HttpSchemaRegistry, RegistryUnavailable
 from onceflow.topics import wait_for_leaders
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +33,34 @@ def settings() -> Settings:
             pytrace=False,
         )
     return Settings.from_env()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(settings: Settings) -> HttpSchemaRegistry:
+    """The stack's schema registry server (ONCEFLOW_SCHEMA_REGISTRY_URL), checked to answer."""
+    url = settings.schema_registry_url
+    if url is None:
+        usable = subprocess.run(
+            ["bash", str(ROOT / "infra" / "registry.sh"), "usable"], capture_output=True, text=True
+        )
+        if usable.returncode != 0:  # no Java 21+ on this machine: `make services` left the registry out
+            pytest.skip(usable.stderr.strip().removeprefix("[onceflow] "))
+        pytest.fail(
+            "ONCEFLOW_SCHEMA_REGISTRY_URL not set: run the suite with `make test`, or "
+            '`eval "$(make -s services)"` first',
+            pytrace=False,
+        )
+    if not url.startswith(("http://", "https://")):
+        pytest.fail(
+            f"ONCEFLOW_SCHEMA_REGISTRY_URL is {url!r}: these tests need a registry server", pytrace=False
+        )
+    registry = HttpSchemaRegistry(url, timeout_s=5)
+    try:
+        registry.subjects()
+        return registry
+    except RegistryUnavailable as exc:
+        problem = str(exc)  # failed outside the handler: one line, without the exception chain
+    pytest.fail(f"{problem}; start it with `make services` (or infra/registry.sh start)", pytrace=False)
 
 
 @pytest.fixture(scope="session")

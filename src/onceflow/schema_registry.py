@@ -100,6 +100,13 @@ class HttpSchemaRegistry:
                 f"schema registry {self.shown}: unexpected answer for {subject!r}"
             ) from exc
 
+    def subjects(self) -> list[str]:
+        """The registered subjects; `RegistryUnavailable` when the registry does not answer (a probe)."""
+        answer = self._call("GET", "/subjects", "its subjects")
+        if not isinstance(answer, list):
+            raise RegistryUnavailable(f"schema registry {self.shown}: unexpected answer for its subjects")
+        return [str(subject) for subject in answer]
+
     def register(self, subject: str, schema: str) -> int:
         """Register ``schema`` (Avro JSON text) under ``subject``; its id (the same id if already there)."""
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"

@@ -39,7 +39,7 @@ from onceflow.pipeline import Pipeline, load_pipeline
 from tests.faults import invariants
 from tests.faults.pipelines import records_pipeline, table_pipeline
 from tests.faults.socket_feed import SocketFeed
-from tests.faults.workload import BAD_INPUT, Workload
+from tests.faults.workload import AVRO_BAD_INPUT, BAD_INPUT, Workload, avro_registry, avro_value
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = "tests.faults.pipelines:RECORDS"
@@ -196,10 +196,15 @@ class Scenario:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             **(env or {}),
         }
+        avro = self.env.get("ONCEFLOW_FAULTS_FORMAT") == "avro"
+        if avro:  # the records pipeline on Avro records: their writer schema in a folder registry
+            self.env["ONCEFLOW_SCHEMA_REGISTRY_URL"] = avro_registry(self.root / "schemas")
         self.spec: Pipeline = self._spec()
         with Ledger.connect(self.env["ONCEFLOW_LEDGER_URL"], check=False) as ledger:
             ledger.upgrade()
         self.workload = Workload(self.env["ONCEFLOW_FAULTS_TOPIC"], partitions)
+        if avro:
+            self.workload.encode, self.workload.bad_input = avro_value, AVRO_BAD_INPUT
 
     def _spec(self) -> Pipeline:
         """The scenario's spec as its child processes build it (under the scenario's environment)."""

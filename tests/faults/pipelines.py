@@ -8,10 +8,14 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.pipeline import AvroFormat, JsonFormat, KafkaSource, Pipeline, SinkSpec
 
 # The record every workload produces: its id, a payload, and its Kafka key in column "k".
 FORMAT = JsonFormat(schema={"id": "int", "payload": "string"}, key_field="k")
+# The same records in the schema registry's wire format (ONCEFLOW_FAULTS_FORMAT=avro): the reader schema
+# is the subject's latest, which each slice pins from the registry (`tests.faults.workload.avro_registry`).
+AVRO_SUBJECT = "faults-records-value"
+AVRO_FORMAT = AvroFormat(subject=AVRO_SUBJECT, key_field="k")
 MAX_RECORD_BYTES = 2048
 SOCKET_TOPIC = "socket"
 ICEBERG_COLUMNS = {"id": "long", "payload": "string", "_partition": "int", "_offset": "long"}
@@ -24,13 +28,14 @@ def _reader(env: Mapping[str, str] | None) -> Callable[[str, str], str]:
 
 def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
     """Every record to PostgreSQL (two-phase commit), Parquet files, an Iceberg table and a Kafka topic;
-    through the transform ONCEFLOW_FAULTS_TRANSFORM names (module:function), if any."""
+    through the transform ONCEFLOW_FAULTS_TRANSFORM names (module:function), if any; JSON records, or
+    Avro ones with ONCEFLOW_FAULTS_FORMAT=avro."""
     _env = _reader(env)
     root = Path(_env("ROOT", "/tmp/onceflow-faults"))
     return Pipeline(
         name=_env("NAME", "faults"),
         source=KafkaSource(topics=(_env("TOPIC", "faults-in"),)),
-        format=FORMAT,
+        format=AVRO_FORMAT if _env("FORMAT", "json") == "avro" else FORMAT,
         transform=_env("TRANSFORM", "") or None,
         sinks=(
             SinkSpec(

@@ -8,7 +8,9 @@ runs every named fault on Spark (17 faults, about ten minutes on two cores).
 Then the bad-input run: every kind of bad record, mixed into the stream, dead-lettered with its reason
 and offset while every good record is delivered once and the pipeline keeps going. Both run the
 records pipeline with a transform, with Spark's Kafka source on the drivers' classpath, and check each
-source partition's order in the Kafka output and in the files sink.
+source partition's order in the Kafka output and in the files sink. Last, the same pipeline on Avro
+records in the schema registry's wire format, at one point in a read task, one after a task's
+pre-commit and one between the participants' commits, with bad Avro records mixed in.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from onceflow.pipeline import AvroFormat
 from tests.faults import harness
-from tests.faults.workload import BAD_INPUT
+from tests.faults.workload import AVRO_BAD_INPUT, BAD_INPUT
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
@@ -34,8 +37,12 @@ SPARK_POINTS = (
 )
 NAMES = harness.FAULT_NAMES if os.environ.get("ONCEFLOW_FAULTS_MATRIX") == "all" else SPARK_POINTS
 # One slice, so each epoch is one spark-submit; skips that hit "some tasks, not all" where it matters.
-MATRIX = [
-    harness.named_fault(name, {"task_after_precommit": 2, "task_mid_read": 1}.get(name, 0)) for name in NAMES
+SKIPS = {"task_after_precommit": 2, "task_mid_read": 1}
+MATRIX = [harness.named_fault(name, SKIPS.get(name, 0)) for name in NAMES]
+# The Avro pipeline's points: the decoding read task, a task that pre-committed, and the commit itself.
+AVRO_MATRIX = [
+    harness.named_fault(name, SKIPS.get(name, 0))
+    for name in ("task_mid_read", "task_after_precommit", "between_commits")
 ]
 
 
@@ -82,3 +89,31 @@ def test_bad_input_is_dead_lettered_and_never_stalls_the_pipeline(settings, pg, 
     assert [(t.sink, t.delivered, t.lost) for t in verdict.tallies] == [
         (sink, 80, 0) for sink in ("pg", "files", "iceberg", "kafka")
     ]
+
+
+@pytest.mark.timeout(600)
+def test_named_faults_on_an_avro_pipeline_leave_every_invariant_standing(
+    settings, pg, tmp_path, reports
+) -> None:
+    """Avro records (a folder registry; the reader schema pinned per slice) under SIGKILL: decoding
+    in the Python reader of the Spark tasks, dead letters of bad Avro recorded once. No Kafka source on
+    the drivers' classpath: Avro records are read by the Python reader on every path."""
+    env = {
+        "ONCEFLOW_FAULTS_SLICES": "1",
+        "ONCEFLOW_FAULTS_TRANSFORM": "tests.faults.pipelines:keep_every_record",
+        "ONCEFLOW_FAULTS_FORMAT": "avro",
+    }
+    scenario = harness.Scenario(harness.RECORDS, tmp_path, settings, env=env)
+    assert isinstance(scenario.spec.format, AvroFormat)
+    scenario.create_topics()
+    try:
+        bad = tuple(AVRO_BAD_INPUT)
+        faults = [(fault, 30, 2, bad[i : i + 1]) for i, fault in enumerate(AVRO_MATRIX)]
+        run = harness.run_faults(scenario, pg, faults, executor="submit")
+    finally:
+        scenario.drop(pg)
+    harness.write_report(reports, "crash-matrix-avro", run.to_dict(), harness.run_markdown(run))
+    assert run.not_fired == []
+    assert run.violations == []
+    assert sorted(scenario.workload.bad.values()) == sorted(bad)
+    assert [t.delivered for t in run.records[-1].verdict.tallies] == [90] * 4

@@ -7,12 +7,16 @@ must be a dead letter with the expected reason at its exact (partition, offset).
 
 from __future__ import annotations
 
+import io
 import json
+import struct
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from tests.faults.pipelines import MAX_RECORD_BYTES
+from tests.faults.pipelines import AVRO_SUBJECT, MAX_RECORD_BYTES
 
 ABORTED_BASE = 1_000_000  # aborted ids live in their own range, so they are recognizable anywhere
 
@@ -27,6 +31,46 @@ BAD_INPUT: dict[str, tuple[bytes | None, bytes]] = {
 }
 
 
+# The Avro pipeline's records: written with schema id 1 of a folder registry, framed as the registry's
+# wire format (magic byte 0, the 4-byte id, the body).
+AVRO_SCHEMA = {
+    "type": "record",
+    "name": "Record",
+    "namespace": "onceflow.faults",
+    "fields": [{"name": "id", "type": "long"}, {"name": "payload", "type": "string"}],
+}
+AVRO_ID = 1
+
+
+def json_value(record: Mapping[str, Any]) -> bytes:
+    return json.dumps(record).encode()
+
+
+def avro_value(record: Mapping[str, Any], schema_id: int = AVRO_ID) -> bytes:
+    from fastavro import parse_schema, schemaless_writer
+
+    body = io.BytesIO()
+    schemaless_writer(body, parse_schema(AVRO_SCHEMA), dict(record))
+    return b"\x00" + struct.pack(">I", schema_id) + body.getvalue()
+
+
+def avro_registry(folder: Path) -> str:
+    """A folder registry holding the writer schema as the subject's only version; its URL."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "record.avsc").write_text(json.dumps(AVRO_SCHEMA))
+    entry = {"id": AVRO_ID, "subject": AVRO_SUBJECT, "version": 1, "file": "record.avsc"}
+    (folder / "registry.json").write_text(json.dumps({"schemas": [entry]}))
+    return f"file://{folder}"
+
+
+# Bad Avro records, by the reason their dead letter must carry.
+AVRO_BAD_INPUT: dict[str, tuple[bytes | None, bytes]] = {
+    "unknown_schema_id": (b"bad", avro_value({"id": 8, "payload": "unknown id"}, schema_id=99)),
+    "malformed_avro": (b"bad", avro_value({"id": 9, "payload": "cut"})[:-2]),
+    "bad_magic_byte": (b"bad", b'{"id": 10, "payload": "json"}'),
+}
+
+
 @dataclass
 class Workload:
     """Everything produced to the input topic so far, with each record's position."""
@@ -37,6 +81,8 @@ class Workload:
     aborted: set[int] = field(default_factory=set)
     bad: dict[tuple[int, int], str] = field(default_factory=dict)  # (partition, offset) -> reason
     next_id: int = 0
+    encode: Callable[[Mapping[str, Any]], bytes] = json_value  # a record's value
+    bad_input: Mapping[str, tuple[bytes | None, bytes]] = field(default_factory=lambda: BAD_INPUT)
 
     def produce(self, bootstrap: str, count: int, *, aborted: int = 0, bad: tuple[str, ...] = ()) -> None:
         """One committed transaction of ``count`` good records (plus ``bad`` ones), then ``aborted``
@@ -59,7 +105,7 @@ class Workload:
             record_id = self.next_id
             self.next_id += 1
             partition = record_id % self.partitions
-            value = json.dumps({"id": record_id, "payload": f"p{record_id}"}).encode()
+            value = self.encode({"id": record_id, "payload": f"p{record_id}"})
             producer.produce(
                 self.topic,
                 key=str(record_id).encode(),
@@ -68,7 +114,7 @@ class Workload:
                 on_delivery=remember(("good", record_id)),
             )
         for i, reason in enumerate(bad):
-            key, value = BAD_INPUT[reason]
+            key, value = self.bad_input[reason]
             producer.produce(
                 self.topic,
                 key=key,
@@ -81,7 +127,7 @@ class Workload:
             producer.begin_transaction()
             for i in range(aborted):
                 record_id = ABORTED_BASE + len(self.aborted) + i
-                value = json.dumps({"id": record_id, "payload": "aborted"}).encode()
+                value = self.encode({"id": record_id, "payload": "aborted"})
                 producer.produce(
                     self.topic, key=str(record_id).encode(), value=value, partition=i % self.partitions
                 )

@@ -65,7 +65,7 @@ def _shared(settings: dict[str, str]) -> dict[str, str]:
 
 def test_topology_has_every_service(compose) -> None:
     services = set(compose["services"])
-    assert {"kafka", "postgres", "spark-master", "spark-worker"} | AIRFLOW_SERVICES <= services
+    assert {"kafka", "postgres", "registry", "spark-master", "spark-worker"} | AIRFLOW_SERVICES <= services
 
 
 def test_bind_mounts_and_build_files_exist(compose) -> None:
@@ -389,6 +389,38 @@ def test_rendered_ports_and_settings_match_the_local_scripts() -> None:
     assert moved["services"]["spark-worker"]["environment"]["ONCEFLOW_PG_DSN"].startswith("postgresql://me:")
 
 
+def test_the_schema_registry_runs_as_the_local_scripts_run_it() -> None:
+    """Apicurio's own image of the version infra/registry.sh resolves, on the same host ports and heap,
+    and the onceflow containers pointed at the API path the local URL has."""
+    defaults = _env_sh_defaults()
+    rendered = render()
+    registry = rendered["services"]["registry"]
+    assert registry["image"] == f"apicurio/apicurio-registry:{defaults['ONCEFLOW_REGISTRY_VERSION']}"
+    env = registry["environment"]
+    http, management = env["QUARKUS_HTTP_PORT"], env["QUARKUS_MANAGEMENT_PORT"]
+    assert registry["ports"] == [
+        f"127.0.0.1:{defaults['ONCEFLOW_REGISTRY_PORT']}:{http}",
+        f"127.0.0.1:{defaults['ONCEFLOW_REGISTRY_MANAGEMENT_PORT']}:{management}",
+    ]
+    assert env["JAVA_OPTS_APPEND"] == f"-Xmx{defaults['ONCEFLOW_REGISTRY_HEAP']}"
+    assert f"localhost:{management}/health/ready" in registry["healthcheck"]["test"][-1]
+    script = (ROOT / "infra" / "registry.sh").read_text()
+    local = re.search(r'^URL="http://\$HOST:\$PORT(/\S+)"$', script, re.MULTILINE)
+    assert local, "infra/registry.sh has no URL=http://$HOST:$PORT/... line"
+    env_sh = (ROOT / "infra" / "env.sh").read_text()
+    default = "http://$ONCEFLOW_REGISTRY_HOST:$ONCEFLOW_REGISTRY_PORT" + local.group(1)
+    assert f'ONCEFLOW_SCHEMA_REGISTRY_URL="${{ONCEFLOW_SCHEMA_REGISTRY_URL:-{default}}}"' in env_sh
+    urls = {
+        name: service["environment"]["ONCEFLOW_SCHEMA_REGISTRY_URL"]
+        for name, service in rendered["services"].items()
+        if "ONCEFLOW_SCHEMA_REGISTRY_URL" in service.get("environment", {})
+    }
+    assert set(urls.values()) == {f"http://registry:{http}{local.group(1)}"}
+    assert AIRFLOW_SERVICES | {"spark-worker", "spark-connect"} <= set(urls)
+    # airflow-init waits for it, and every other Airflow container for airflow-init.
+    assert "registry" in _depends_on(rendered["services"]["airflow-init"])
+
+
 def test_the_spark_connect_server_runs_as_the_local_scripts_run_it(compose) -> None:
     """Same properties file, two single-core workers, the Kafka source of the pinned pyspark, and the
     provider's spark_connect connection pointing the Airflow tasks at it."""
@@ -507,7 +539,7 @@ def test_every_published_port_is_on_loopback_unless_the_user_says_otherwise(merg
     reachable from other machines by default; ONCEFLOW_BIND chooses the interface."""
     services = (_cluster_compose() if merged else _load("docker-compose.yml"))["services"]
     published = _published(services, local_env())
-    assert {"kafka", "postgres", "spark-connect", "airflow-api-server"} <= set(published)
+    assert {"kafka", "postgres", "registry", "spark-connect", "airflow-api-server"} <= set(published)
     for name, ports in published.items():
         for port in ports:
             assert port.startswith("127.0.0.1:") and port.count(":") == 2, f"{name} publishes {port}"

@@ -50,6 +50,10 @@ class Stub(BaseHTTPRequestHandler):
             self._answer(200, {"schema": "syntax = 'proto3';", "schemaType": "PROTOBUF"})
         elif self.path == "/api/subjects/orders%2Fvalue/versions/latest":
             self._answer(200, {"subject": "orders/value", "version": 3, "id": 5, "schema": SCHEMA})
+        elif self.path == "/api/subjects":
+            self._answer(200, ["orders/value"])
+        elif self.path == "/other/subjects":  # a server that answers, but not as a registry does
+            self._answer(200, {"subjects": []})
         elif self.path == "/api/schemas/ids/500":
             self._answer(500, {"error_code": 50001, "message": "storage\nfailed"})
         elif self.path.startswith("/api/"):
@@ -106,6 +110,27 @@ def test_unknown_ids_are_not_found_and_server_errors_are_unavailable_in_one_line
     message = str(raised.value)
     shown = f"http://user:***@{server}/api"
     assert message == f"schema registry {shown} answered HTTP 500 for schema id 500: storage; failed"
+
+
+def test_subjects_is_the_probe_that_a_registry_answers(server: str) -> None:
+    """What the suite's registry fixture asks first: an answer that is no subject list is no registry."""
+    assert HttpSchemaRegistry(f"http://{server}/api").subjects() == ["orders/value"]
+    with pytest.raises(RegistryUnavailable, match="unexpected answer for its subjects"):
+        HttpSchemaRegistry(f"http://{server}/other").subjects()
+    port = int(server.rpartition(":")[2])
+    with pytest.raises(RegistryUnavailable, match="is unreachable for its subjects"):
+        HttpSchemaRegistry(f"http://127.0.0.1:{closed_port(port)}/api", timeout_s=2).subjects()
+
+
+def closed_port(not_this: int) -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    assert port != not_this
+    return port
 
 
 def test_a_url_without_the_apis_path_aborts_instead_of_dead_lettering(server: str) -> None:
