@@ -81,9 +81,11 @@ class AvroDecoder:
         columns = fmt.columns()
         self.names = [name for name, _, _ in columns]
         self.required = {name for name, _, nullable in columns if not nullable}
-        self.uuids = {
-            f["name"] for f in json.loads(fmt.reader_schema or "{}")["fields"] if _is_uuid(f["type"])
-        }
+        fields = json.loads(fmt.reader_schema or "{}")["fields"]
+        self.uuids = {f["name"] for f in fields if _is_uuid(f["type"])}
+        # fastavro rounds a decimal with more digits than its precision to that many significant digits
+        # instead of failing: such a value is caught here, or it would fail the whole task at the sink.
+        self.decimals = {f["name"]: found for f in fields if (found := _decimal(f["type"])) is not None}
         self.reader = parse_schema(json.loads(fmt.reader_schema or "{}"))
         plain_writer = fmt.writer_schema or fmt.reader_schema or "{}"
         self.plain_writer = parse_schema(json.loads(plain_writer))
@@ -168,6 +170,8 @@ class AvroDecoder:
             field = record.get(name)
             if field is None and name in self.required:
                 raise AvroReject("null_field", f"field {name!r} is null, and the reader schema requires it")
+            if field is not None and name in self.decimals:
+                _check_decimal(name, field, *self.decimals[name])
             values.append(str(field) if name in self.uuids and field is not None else field)
         return values
 
@@ -193,6 +197,26 @@ class AvroDecoder:
         return AvroReject(
             "incompatible_schema",
             f"writer schema {which} does not resolve to the reader schema ({_short(exc)})",
+        )
+
+
+def _decimal(avro_type: Any) -> tuple[int, int] | None:
+    """(precision, scale) of a decimal type, or of the decimal branch of a union; None otherwise."""
+    if isinstance(avro_type, list):
+        return next((found for branch in avro_type if (found := _decimal(branch)) is not None), None)
+    if isinstance(avro_type, dict) and avro_type.get("logicalType") == "decimal":
+        return int(avro_type["precision"]), int(avro_type.get("scale", 0))
+    return None
+
+
+def _check_decimal(name: str, value: Any, precision: int, scale: int) -> None:
+    """A decoded decimal keeps its scale as its exponent and at most ``precision`` digits, unless
+    fastavro rounded an unscaled value too wide for the type (then the exponent moved)."""
+    _, digits, exponent = value.as_tuple()
+    if exponent != -scale or len(digits) > precision:
+        raise AvroReject(
+            "malformed_avro",
+            f"field {name!r}: the unscaled value has more digits than decimal({precision},{scale}) holds",
         )
 
 

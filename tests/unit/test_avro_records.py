@@ -447,3 +447,26 @@ def test_an_oversized_avro_record_is_dead_lettered_before_any_registry_look_up(
     value = framed(2, {"id": 1, "price": 2.0, "note": "x" * 100, "coupon": None})
     assert reason(decoder.decode_row(record(value))).startswith("oversized:")
     assert counting.asked == 0
+
+
+def _bytes_field(unscaled: int) -> bytes:
+    """An Avro ``bytes`` value holding ``unscaled`` as a big-endian two's complement integer."""
+    data = unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
+    length, out = len(data) << 1, bytearray()  # a non-negative length's zig-zag varint
+    while length > 0x7F:
+        out.append((length & 0x7F) | 0x80)
+        length >>= 7
+    return bytes([*out, length]) + data
+
+
+def test_a_decimal_wider_than_its_precision_is_a_dead_letter_not_a_rounded_value(tmp_path: Path) -> None:
+    price = {"type": "bytes", "logicalType": "decimal", "precision": 5, "scale": 2}
+    schema = {"type": "record", "name": "Price", "fields": [{"name": "p", "type": price}]}
+    fmt = AvroFormat(schema_file=avsc(tmp_path, schema), wire="plain")
+    row = decode(fmt, None, _bytes_field(12345))
+    assert isinstance(row, dict) and row["p"] == decimal.Decimal("123.45")
+    # Nine digits in a decimal(5,2): fastavro alone gives Decimal('1.2346E+6'), a value the column
+    # cannot hold; it becomes a dead letter with its reason instead.
+    assert reason(decode(fmt, None, _bytes_field(123456789))) == (
+        "malformed_avro: field 'p': the unscaled value has more digits than decimal(5,2) holds"
+    )
