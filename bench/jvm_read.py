@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from onceflow import redact
 from onceflow.config import Settings
 from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, python_read, task_kafka_frame
 from onceflow.executor.slices import SliceRef
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "python_records_per_s": round(args.records / python_s),
         "jvm_records_per_s": round(args.records / jvm_s),
         "speedup": round(python_s / jvm_s, 2),
-        "spark_remote": remote,
+        "spark_remote": redact.url(remote),  # the session token stays out of the committed report
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
