@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import io
 import json
-import struct
 from decimal import Decimal
 from typing import Any
 
 from examples.avro_orders.pipeline import INPUT_TOPIC, SCHEMAS, SUBJECT
 from onceflow.config import Settings
-from onceflow.schema_registry import FolderSchemaRegistry, HttpSchemaRegistry, SchemaRegistry, registry_at
+from onceflow.schema_registry import (
+    FolderSchemaRegistry,
+    HttpSchemaRegistry,
+    SchemaRegistry,
+    registry_at,
+    wire_value,
+)
 
 VERSIONS = {1: "order-v1.avsc", 2: "order-v2.avsc"}
 START = dt.datetime(2026, 11, 1, 9, 0, tzinfo=dt.UTC)
@@ -50,12 +54,7 @@ def schema_id(registry: SchemaRegistry, version: int) -> int:
 
 
 def framed(schema_id: int, schema: Any, record: dict[str, Any]) -> bytes:
-    from fastavro import schemaless_writer
-
-    out = io.BytesIO()
-    out.write(b"\x00" + struct.pack(">I", schema_id))
-    schemaless_writer(out, schema, record)
-    return out.getvalue()
+    return wire_value(schema_id, schema, record)
 
 
 def produce(settings: Settings, version: int, start: int, count: int, topic: str = INPUT_TOPIC) -> None:

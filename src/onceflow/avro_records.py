@@ -12,15 +12,11 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import struct
 from typing import Any
 
 from onceflow.errors import ConfigError
 from onceflow.pipeline import AvroFormat, Pipeline
-from onceflow.schema_registry import SchemaNotFound, SchemaRegistry, registry_at
-
-MAGIC_BYTE = 0
-_HEADER = struct.Struct(">bI")  # the registry wire format: magic byte, then the schema id
+from onceflow.schema_registry import MAGIC_BYTE, WIRE_HEADER, SchemaNotFound, SchemaRegistry, registry_at
 
 # Parsed writer schemas by (registry's cache key, id), for this process: ids are immutable in a registry.
 _WRITERS: dict[tuple[str, int], Any] = {}
@@ -107,11 +103,11 @@ class AvroDecoder:
         if len(value) < 1 or value[0] != MAGIC_BYTE:
             found = f"0x{value[0]:02x}" if value else "an empty value"
             raise AvroReject("bad_magic_byte", f"expected 0x00 then a 4-byte schema id, found {found}")
-        if len(value) < _HEADER.size:
+        if len(value) < WIRE_HEADER.size:
             raise AvroReject("malformed_avro", f"{len(value)} bytes, shorter than the 5-byte header")
-        _, schema_id = _HEADER.unpack_from(value)
+        _, schema_id = WIRE_HEADER.unpack_from(value)
         writer = self._writer(schema_id)
-        return self._read(memoryview(value)[_HEADER.size :], writer, self.reader, f"id {schema_id}")
+        return self._read(memoryview(value)[WIRE_HEADER.size :], writer, self.reader, f"id {schema_id}")
 
     def _writer(self, schema_id: int) -> Any:
         parsed = self._writers.get(schema_id)

@@ -10,10 +10,13 @@ fault, so it aborts the epoch, which is replayed once the registry is back.
 
 from __future__ import annotations
 
+import io
 import json
+import struct
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,10 +24,24 @@ from typing import Any, Protocol
 from onceflow import redact
 from onceflow.errors import ConfigError, OnceflowError, ServiceUnavailable, one_line
 
+# The registry wire format of a record value: the magic byte 0, the 4-byte big-endian schema id, the body.
+MAGIC_BYTE = 0
+WIRE_HEADER = struct.Struct(">bI")
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 # The common API's codes for an unknown subject, version and schema: the only 404s that mean "no such
 # schema"; any other 404 is a wrong URL, which must not turn good records into dead letters.
 _NOT_FOUND_CODES = (40401, 40402, 40403)
+
+
+def wire_value(schema_id: int, schema: Any, record: Mapping[str, Any]) -> bytes:
+    """``record`` as an Avro body under ``schema`` (parsed by fastavro), framed in the wire format with
+    ``schema_id``; fastavro's own error when the record does not fit the schema."""
+    from fastavro import schemaless_writer
+
+    out = io.BytesIO()
+    out.write(WIRE_HEADER.pack(MAGIC_BYTE, schema_id))
+    schemaless_writer(out, schema, dict(record))
+    return out.getvalue()
 
 
 class SchemaNotFound(OnceflowError):

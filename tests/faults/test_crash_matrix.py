@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,17 +59,30 @@ def _on_spark(tmp_path: Path) -> dict[str, str]:
     }
 
 
+def _run_matrix(
+    scenario: harness.Scenario,
+    pg: Any,
+    faults: list[tuple[harness.Fault, int, int, tuple[str, ...]]],
+    reports: Path,
+    name: str,
+) -> harness.FaultRun:
+    """Each fault in turn through spark-submit, then its report as ``name``; the scenario's topics and
+    tables are dropped whatever happens."""
+    scenario.create_topics()
+    try:
+        run = harness.run_faults(scenario, pg, faults, executor="submit")
+    finally:
+        scenario.drop(pg)
+    harness.write_report(reports, name, run.to_dict(), harness.run_markdown(run))
+    return run
+
+
 # 163 s for the Spark points in CI; every fault (ONCEFLOW_FAULTS_MATRIX=all) takes longer.
 @pytest.mark.timeout(max(900, 60 * len(MATRIX)))
 def test_named_faults_on_spark_leave_every_invariant_standing(settings, pg, tmp_path, reports) -> None:
     scenario = harness.Scenario(harness.RECORDS, tmp_path, settings, env=_on_spark(tmp_path))
-    scenario.create_topics()
-    try:
-        faults = [(fault, 30, 2, ()) for fault in MATRIX]
-        run = harness.run_faults(scenario, pg, faults, executor="submit")
-    finally:
-        scenario.drop(pg)
-    harness.write_report(reports, "crash-matrix-spark", run.to_dict(), harness.run_markdown(run))
+    faults = [(fault, 30, 2, ()) for fault in MATRIX]
+    run = _run_matrix(scenario, pg, faults, reports, "crash-matrix-spark")
     assert run.not_fired == []
     assert run.violations == []
 
@@ -105,14 +119,9 @@ def test_named_faults_on_an_avro_pipeline_leave_every_invariant_standing(
     }
     scenario = harness.Scenario(harness.RECORDS, tmp_path, settings, env=env)
     assert isinstance(scenario.spec.format, AvroFormat)
-    scenario.create_topics()
-    try:
-        bad = tuple(AVRO_BAD_INPUT)
-        faults = [(fault, 30, 2, bad[i : i + 1]) for i, fault in enumerate(AVRO_MATRIX)]
-        run = harness.run_faults(scenario, pg, faults, executor="submit")
-    finally:
-        scenario.drop(pg)
-    harness.write_report(reports, "crash-matrix-avro", run.to_dict(), harness.run_markdown(run))
+    bad = tuple(AVRO_BAD_INPUT)
+    faults = [(fault, 30, 2, bad[i : i + 1]) for i, fault in enumerate(AVRO_MATRIX)]
+    run = _run_matrix(scenario, pg, faults, reports, "crash-matrix-avro")
     assert run.not_fired == []
     assert run.violations == []
     assert sorted(scenario.workload.bad.values()) == sorted(bad)

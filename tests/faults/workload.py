@@ -7,15 +7,14 @@ must be a dead letter with the expected reason at its exact (partition, offset).
 
 from __future__ import annotations
 
-import io
 import json
-import struct
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onceflow.schema_registry import wire_value
 from tests.faults.pipelines import AVRO_SUBJECT, MAX_RECORD_BYTES
 
 ABORTED_BASE = 1_000_000  # aborted ids live in their own range, so they are recognizable anywhere
@@ -47,11 +46,9 @@ def json_value(record: Mapping[str, Any]) -> bytes:
 
 
 def avro_value(record: Mapping[str, Any], schema_id: int = AVRO_ID) -> bytes:
-    from fastavro import parse_schema, schemaless_writer
+    from fastavro import parse_schema
 
-    body = io.BytesIO()
-    schemaless_writer(body, parse_schema(AVRO_SCHEMA), dict(record))
-    return b"\x00" + struct.pack(">I", schema_id) + body.getvalue()
+    return wire_value(schema_id, parse_schema(AVRO_SCHEMA), record)
 
 
 def avro_registry(folder: Path) -> str:

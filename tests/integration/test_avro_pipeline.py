@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import io
 import json
 import os
 import socket
-import struct
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,14 +20,14 @@ from typing import Any
 import psycopg
 import pytest
 from confluent_kafka import Producer
-from fastavro import parse_schema, schemaless_writer
+from fastavro import parse_schema
 
 from onceflow.config import Settings
 from onceflow.engine.runner import ProcessFailed, run_epoch
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.records import KafkaRecord, RowDecoder
-from onceflow.schema_registry import FolderSchemaRegistry
+from onceflow.schema_registry import FolderSchemaRegistry, wire_value
 from onceflow.sinks.files import read_committed_table
 
 pytestmark = pytest.mark.integration
@@ -80,9 +78,7 @@ PIPELINE: Pipeline  # set by the test, found by the runner as f"{__name__}:PIPEL
 
 
 def framed(schema_id: int, record: dict[str, Any]) -> bytes:
-    out = io.BytesIO()
-    schemaless_writer(out, parse_schema(SCHEMAS[schema_id]), record)
-    return b"\x00" + struct.pack(">I", schema_id) + out.getvalue()
+    return wire_value(schema_id, parse_schema(SCHEMAS[schema_id]), record)
 
 
 def order(i: int) -> dict[str, Any]:

@@ -12,10 +12,8 @@ not know is a dead letter with its reason, at its offset.
 from __future__ import annotations
 
 import decimal
-import io
 import json
 import os
-import struct
 import urllib.parse
 import urllib.request
 import uuid
@@ -24,14 +22,14 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from fastavro import parse_schema, schemaless_writer
+from fastavro import parse_schema
 
 from onceflow.config import Settings
 from onceflow.engine.runner import run_epoch
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.records import KafkaRecord, RowDecoder
-from onceflow.schema_registry import HttpSchemaRegistry
+from onceflow.schema_registry import MAGIC_BYTE, WIRE_HEADER, HttpSchemaRegistry, wire_value
 from onceflow.sinks.files import read_committed_table
 
 pytestmark = pytest.mark.integration
@@ -89,9 +87,7 @@ def set_compatibility(registry: HttpSchemaRegistry, subject: str, level: str) ->
 
 def framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
     """The registry wire format: magic byte 0, the 4-byte schema id, the Avro body."""
-    out = io.BytesIO()
-    schemaless_writer(out, parse_schema(schema), record)
-    return b"\x00" + struct.pack(">I", schema_id) + out.getvalue()
+    return wire_value(schema_id, parse_schema(schema), record)
 
 
 def amount(i: int) -> decimal.Decimal:
@@ -158,7 +154,7 @@ def test_a_producer_moving_to_a_compatible_schema_mid_run_lands_every_record_onc
     for i in range(12, 24):
         produce(f"k{i}".encode(), framed(v2_id, V2, {"id": i, "amount": amount(i), "coupon": coupon(i)}), i)
     unknown = framed(v2_id, V2, {"id": 99, "amount": amount(99), "coupon": None})
-    produce(b"unknown", b"\x00" + struct.pack(">I", UNKNOWN_ID) + unknown[5:], 0)
+    produce(b"unknown", WIRE_HEADER.pack(MAGIC_BYTE, UNKNOWN_ID) + unknown[WIRE_HEADER.size :], 0)
     producer.flush(30)
     # The rest, 5 offsets per partition an epoch: partition 0 holds 9 (with the unknown id), 1 holds 8.
     epochs = [run_epoch(spec, run, executor="local", max_records_per_partition=5) for _ in range(3)]
@@ -174,7 +170,7 @@ def test_a_producer_moving_to_a_compatible_schema_mid_run_lands_every_record_onc
     from tests.integration.test_sink_kafka import read_topic
 
     records = read_topic(settings.kafka_bootstrap, out, 1, "read_committed")
-    assert {value[:5] for _, _, value in records} == {b"\x00" + struct.pack(">I", out_id)}
+    assert {value[: WIRE_HEADER.size] for _, _, value in records} == {WIRE_HEADER.pack(MAGIC_BYTE, out_id)}
     reader = {**OUT, "fields": OUT["fields"][:3]}  # without _partition and _offset, names rows reserve
     decoder = RowDecoder(AvroFormat(subject=f"{out}-value").pin(json.dumps(reader)), 10_000, schema_registry)
     rows = [decoder.decode_row(KafkaRecord(out, 0, n, None, k, v)) for n, (_, k, v) in enumerate(records)]

@@ -8,7 +8,6 @@ import datetime as dt
 import decimal
 import io
 import json
-import struct
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from onceflow.schema_registry import (
     RegisteredSchema,
     RegistryUnavailable,
     SchemaNotFound,
+    wire_value,
 )
 
 # The reader's schema: what the pipeline's rows hold.
@@ -90,7 +90,7 @@ def body(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
 
 def framed(schema_id: int, record: dict[str, Any]) -> bytes:
     """The schema registry wire format: magic byte 0, big-endian id, body."""
-    return b"\x00" + struct.pack(">I", schema_id) + body(IDS[schema_id], record)
+    return wire_value(schema_id, parse_schema(IDS[schema_id]), record)
 
 
 def schema_folder(folder: Path, ids: dict[int, dict[str, Any]]) -> Path:

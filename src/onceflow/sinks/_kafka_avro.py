@@ -7,14 +7,12 @@ always a schema the registry's compatibility rules accepted. Runs in write tasks
 
 from __future__ import annotations
 
-import io
 import json
-import struct
 from collections.abc import Mapping
 from typing import Any
 
 from onceflow.errors import ConfigError
-from onceflow.schema_registry import SchemaNotFound
+from onceflow.schema_registry import SchemaNotFound, wire_value
 from onceflow.sinks.errors import RowError
 
 
@@ -54,15 +52,11 @@ class AvroValues:
 
     def record(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """One row as the sink's {key, value}: the key column's text, the framed Avro body."""
-        from fastavro import schemaless_writer
-
         if not isinstance(row, Mapping):
             raise RowError(f"{self.where}: a row must be a mapping, not {type(row).__name__}")
         schema_id, schema = self._latest()
-        out = io.BytesIO()
-        out.write(b"\x00" + struct.pack(">I", schema_id))
         try:
-            schemaless_writer(out, schema, dict(row))
+            value = wire_value(schema_id, schema, row)
         except Exception as exc:  # fastavro raises many kinds for a value its schema cannot hold
             detail = " ".join(str(exc).split())[:300]
             which = f"schema id {schema_id} of subject {self.subject!r}"
@@ -72,4 +66,4 @@ class AvroValues:
             if self.key_column not in row:
                 raise RowError(f"{self.where}: key_column {self.key_column!r} is not among the row's columns")
             key = None if row[self.key_column] is None else str(row[self.key_column])
-        return {"key": key, "value": out.getvalue()}
+        return {"key": key, "value": value}
