@@ -71,6 +71,14 @@ class Bench:
             f"Spark Connect ({redact.url(self.remote)})" if self.remote else "spark-submit, one per slice"
         )
 
+    def warm(self, step: str) -> Settings | None:
+        """The settings with the warm runtime's remote, for a step that needs it; None (and a line saying
+        the step is skipped) without one."""
+        if self.remote is None:
+            say(f"{step}: no warm runtime (ONCEFLOW_SPARK_REMOTE is not set); skipped")
+            return None
+        return dataclasses.replace(self.settings, spark_remote=self.remote)
+
     def record(self, key: str, value: Any) -> None:
         """Store a step's results; with --merge, update the earlier ones size by size."""
         previous = (self.merge_into or {}).get(key)
@@ -108,8 +116,7 @@ class Bench:
         the warm runtime's resident memory with no epoch running."""
         from bench.memory import TreeSampler
 
-        if self.remote is None:
-            say("latency: no warm runtime (ONCEFLOW_SPARK_REMOTE is not set); skipped")
+        if self.warm("latency") is None:
             return
         per_epoch = 1000
         out: dict[str, Any] = {
@@ -135,10 +142,9 @@ class Bench:
         """Freshness through one long-lived follower (`onceflow run --follow`) on the warm runtime."""
         from bench import follow_latency
 
-        if self.remote is None:
-            say("follow: no warm runtime (ONCEFLOW_SPARK_REMOTE is not set); skipped")
+        settings = self.warm("follow")
+        if settings is None:
             return
-        settings = dataclasses.replace(self.settings, spark_remote=self.remote)
         out = follow_latency.measure(settings, self.workdir)
         say(f"follow: freshness median {out['freshness_median_s']} s, epoch median {out['epoch_median_s']} s")
         self.record("follow", out)
@@ -148,10 +154,9 @@ class Bench:
         runtime: DAG run queued → committed, and where each task's time goes."""
         from bench import airflow_route
 
-        if self.remote is None:
-            say("airflow: no warm runtime (ONCEFLOW_SPARK_REMOTE is not set); skipped")
+        settings = self.warm("airflow")
+        if settings is None:
             return
-        settings = dataclasses.replace(self.settings, spark_remote=self.remote)
         out = airflow_route.measure(settings, self.workdir)
         say(f"airflow: queued → committed median {out['queued_to_committed_median_s']} s")
         self.record("airflow_route", out)
@@ -161,8 +166,7 @@ class Bench:
         Connect server's REST API, at each size."""
         from bench import spark_jobs
 
-        if self.remote is None:
-            say("jobs: no warm runtime (ONCEFLOW_SPARK_REMOTE is not set); skipped")
+        if self.warm("jobs") is None:
             return
         out: dict[str, list[dict[str, Any]]] = {}
         for size in sizes:
