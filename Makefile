@@ -78,10 +78,22 @@ browser:
 	  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >&2; \
 	else echo "[onceflow] chromedriver not found: apt-get install chromium chromium-driver (the browser tests need it)" >&2; fi
 
-test: lint jars browser
-	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
-	  echo "[onceflow] running the test suite against the local stack" >&2; \
-	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+# The local stack starts in the background while lint and the unit tests (which need no service) run;
+# its progress is shown once it is up. PYTEST_ARGS runs pytest once, with those arguments, on the stack.
+STACK_LOG := .onceflow/services-start.log
+test: venv jars browser
+	@mkdir -p .onceflow; echo "[onceflow] starting the local stack in the background ($(STACK_LOG))" >&2; \
+	  infra/services.sh start > .onceflow/services-start.env 2> $(STACK_LOG) & starting=$$!; \
+	  failed=0; $(MAKE) --no-print-directory lint || failed=1; \
+	  if [ -z "$(PYTEST_ARGS)" ] && [ $$failed = 0 ]; then \
+	    echo "[onceflow] unit tests (no services needed)" >&2; \
+	    PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests/unit || failed=1; fi; \
+	  wait $$starting; up=$$?; cat $(STACK_LOG) >&2; \
+	  if [ $$up != 0 ]; then echo "[onceflow] error: the local stack did not start (above)" >&2; exit 1; fi; \
+	  [ $$failed = 0 ] || exit 1; \
+	  set -a; . .onceflow/services-start.env; set +a; \
+	  echo "[onceflow] running the integration and fault tests against the local stack" >&2; \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(or $(PYTEST_ARGS),--ignore=tests/unit)
 
 N ?= 100
 SEED ?=

@@ -1,9 +1,10 @@
 """Named faults on Spark: the records pipeline through spark-submit, SIGKILLed at each point.
 
 Task-level points kill a Spark Python worker (the master allows a retry, so the job may finish); the
-others kill the Spark driver or the coordinator. After each fault: recovery, catch-up, every invariant.
-By default the points inside or right around the Spark job run (the coordinator's own points run in
-`test_random_faults` with the local executor, through the same committers); ONCEFLOW_FAULTS_MATRIX=all
+slice points kill the Spark driver. After each fault: recovery, catch-up, every invariant. By default
+the points inside the Spark job and in its driver run; the coordinator's own points (after the plan, the
+decision, the commits), where no Spark job is running, are the same code on every executor and run in
+`test_random_faults` with the local executor, through the same committers; ONCEFLOW_FAULTS_MATRIX=all
 runs every named fault on Spark (17 faults, about ten minutes on two cores).
 Then the bad-input run: every kind of bad record, mixed into the stream, dead-lettered with its reason
 and offset while every good record is delivered once and the pipeline keeps going. Both run the
@@ -28,13 +29,11 @@ from tests.faults.workload import AVRO_BAD_INPUT, BAD_INPUT
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
 SPARK_POINTS = (
-    "after_plan",
     "task_mid_read",
     "task_after_stage",
     "task_after_precommit",
     "slice_after_tasks",
     "slice_after_precommits",
-    "after_decision",
 )
 NAMES = harness.FAULT_NAMES if os.environ.get("ONCEFLOW_FAULTS_MATRIX") == "all" else SPARK_POINTS
 # One slice, so each epoch is one spark-submit; skips that hit "some tasks, not all" where it matters.
@@ -77,7 +76,7 @@ def _run_matrix(
     return run
 
 
-# 163 s for the Spark points in CI; every fault (ONCEFLOW_FAULTS_MATRIX=all) takes longer.
+# About 170 s for the five Spark points in CI; every fault (ONCEFLOW_FAULTS_MATRIX=all) takes longer.
 @pytest.mark.timeout(max(900, 60 * len(MATRIX)))
 def test_named_faults_on_spark_leave_every_invariant_standing(settings, pg, tmp_path, reports) -> None:
     scenario = harness.Scenario(harness.RECORDS, tmp_path, settings, env=_on_spark(tmp_path))
