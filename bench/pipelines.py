@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.dataset import MIN_AMOUNT, PROJECTED, SCHEMA
-from onceflow.pipeline import Guarantee, JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.pipeline import AvroFormat, Guarantee, JsonFormat, KafkaSource, Pipeline, SinkSpec
 
 SPEC_ENV = "ONCEFLOW_BENCH_SPEC"
 SPEC_PATH = "bench.pipelines:SPEC"
@@ -62,12 +62,14 @@ def bench_pipeline(
     *,
     batch_per_partition: int,
     output_topic: str | None = None,
+    fmt: AvroFormat | None = None,
 ) -> Pipeline:
+    """``fmt``: an Avro format for a topic of the data set's records as Avro (the Avro step), else JSON."""
     guarantee = SINKS[config][0]
     return Pipeline(
         name=name,
         source=KafkaSource(topics=(topic,)),
-        format=JsonFormat(schema=SCHEMA),
+        format=fmt or JsonFormat(schema=SCHEMA),
         transform="bench.pipelines:kafka_records" if config == "kafka" else TRANSFORM,
         sinks=(sink_spec(config, name, workdir, output_topic),),
         guarantee=guarantee,

@@ -236,6 +236,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _targets_section(results)
     lines += _notes_section(results)
     lines += _throughput_section(results)
+    lines += _avro_section(results)
     lines += _commit_section(results)
     lines += _protocol_section(results)
     lines += _overhead_section(results)
@@ -409,6 +410,100 @@ def _throughput_section(results: dict[str, Any]) -> list[str]:
             cells.append(f"{median(values):.3f} ({spread(values)})" if values else "not run")
         lines.append(f"| {int(size):,} | " + " | ".join(cells) + " |")
     return [*lines, ""]
+
+
+# The Avro step's systems, in the order of its table; "files" and "spark_structured_streaming" read the
+# JSON data set, the "_avro" ones the same records as Avro.
+AVRO_SYSTEMS = {
+    "files": "onceflow → Parquet, JSON",
+    "files_avro": "onceflow → Parquet, Avro",
+    "spark_structured_streaming": "Structured Streaming, from_json",
+    "spark_structured_streaming_avro": "Structured Streaming, from_avro",
+}
+AVRO_RATIOS = {
+    "avro_vs_json": "onceflow Avro ÷ JSON",
+    "avro_vs_sss_avro": "onceflow Avro ÷ Structured Streaming from_avro",
+    "json_vs_sss_json": "onceflow JSON ÷ Structured Streaming from_json",
+    "sss_avro_vs_json": "Structured Streaming from_avro ÷ from_json",
+}
+
+
+def avro_ratios(round_: dict[str, Any]) -> dict[str, float]:
+    """The Avro step's ratios within one round (nan where a system did not run)."""
+    rate = {key: _rate(round_, key) for key in AVRO_SYSTEMS}
+    return {
+        "avro_vs_json": rate["files_avro"] / rate["files"],
+        "avro_vs_sss_avro": rate["files_avro"] / rate["spark_structured_streaming_avro"],
+        "json_vs_sss_json": rate["files"] / rate["spark_structured_streaming"],
+        "sss_avro_vs_json": rate["spark_structured_streaming_avro"] / rate["spark_structured_streaming"],
+    }
+
+
+def avro_summary(entry: dict[str, Any]) -> str:
+    """One round of the Avro step in one line, for the bench's log."""
+    parts = [f"{key} {entry[key]['records_per_s']:.0f}/s" for key in AVRO_SYSTEMS if key in entry]
+    parts += [f"{key} {value:.2f}" for key, value in avro_ratios(entry).items() if value == value]
+    return ", ".join(parts)
+
+
+def _avro_section(results: dict[str, Any]) -> list[str]:
+    avro = results.get("avro", {})
+    if not avro:
+        return []
+    lines = [
+        "## Avro beside JSON (records/s, end to end)",
+        "",
+        "The same records (the same fields and values, the JSON's padding note included) in two topics: "
+        "as JSON, and as Avro in the schema registry wire format (magic byte, 4-byte schema id, body) "
+        "with the schema registered in the registry named below. In each round, back to back: the "
+        "exactly-once files pipeline on each topic (its format the only difference), then Structured "
+        "Streaming on each, the Avro one cutting off the 5-byte header and reading the body with "
+        "spark-avro's `from_avro`. Ratios are taken within each round; the last row is the median. "
+        "When this step was added, onceflow read JSON on its JVM path (Spark's Kafka source and "
+        "`from_json`) and Avro on its Python path (fastavro in the executors' Python workers); each "
+        "slice's log line names the path it took.",
+        "",
+    ]
+    for size, found in sorted(avro.items(), key=lambda item: int(item[0])):
+        rounds = found["rounds"]
+        if not rounds:
+            continue
+        systems = [key for key in AVRO_SYSTEMS if key in rounds[0]]
+        shown = [
+            key for key in AVRO_RATIOS if any(avro_ratios(r)[key] == avro_ratios(r)[key] for r in rounds)
+        ]
+        lines += [
+            f"{int(size):,} records; a value is {found['json_value_bytes']:g} bytes as JSON, "
+            f"{found['avro_value_bytes']:.1f} as Avro; schema in {found['registry']}; onceflow runtime: "
+            f"{rounds[0].get('runtime', 'spark-submit, one per slice')}.",
+            "",
+            "| round | load average before | "
+            + " | ".join(AVRO_SYSTEMS[k] for k in systems)
+            + " | "
+            + " | ".join(AVRO_RATIOS[k] for k in shown)
+            + " |",
+            "| --- | --- | " + " | ".join("---" for _ in (*systems, *shown)) + " |",
+        ]
+        for n, r in enumerate(rounds, 1):
+            ratio = avro_ratios(r)
+            lines.append(
+                f"| {n} | {r['load_before'][0]:.2f} | "
+                + " | ".join(_fmt(r[k]["records_per_s"]) for k in systems)
+                + " | "
+                + " | ".join(f"{ratio[k]:.2f}" for k in shown)
+                + " |"
+            )
+        rates = {k: [r[k]["records_per_s"] for r in rounds] for k in systems}
+        ratio_values = {k: [avro_ratios(r)[k] for r in rounds] for k in shown}
+        lines.append(
+            "| median | | "
+            + " | ".join(f"{_fmt(median(v))} ({spread(v)})" for v in rates.values())
+            + " | "
+            + " | ".join(f"{median(v):.2f} ({spread(v)})" for v in ratio_values.values())
+            + " |"
+        )
+        lines.append("")
+    return lines
 
 
 def _commit_section(results: dict[str, Any]) -> list[str]:

@@ -9,6 +9,9 @@ Steps:
 4. per data-set size, ``--runs`` rounds of: the plain consumer's read rate (the limit), onceflow
    exactly-once to Parquet files, exactly-once to PostgreSQL (2PC), at-least-once to PostgreSQL (plain),
    Spark Structured Streaming and quix-streams; every ratio is taken within a round, then the median;
+4b. Avro beside JSON (``--steps avro``): the same records as Avro in the registry wire format, per round
+   the files pipeline on the JSON and on the Avro topic, Structured Streaming with from_json and with
+   from_avro;
 5. peak memory of epochs of a fixed batch on the largest data set;
 6. the report.
 
@@ -41,6 +44,7 @@ from bench.limit import read_all
 from bench.pipelines import bench_pipeline
 from onceflow import redact
 from onceflow.config import Settings
+from onceflow.pipeline import AvroFormat
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SIZES = (100_000, 1_000_000)
@@ -256,6 +260,58 @@ class Bench:
             out[str(size)] = rounds
         self.record("throughput", out)
 
+    # 4b.
+    def avro(self, sizes: tuple[int, ...], peer_sizes: tuple[int, ...]) -> None:
+        """Avro beside JSON on the same records: per round, the files pipeline on the JSON data set and on
+        the Avro one, then Structured Streaming on each (``from_json``, ``from_avro``) at ``peer_sizes``;
+        the ratios are taken within each round, as in step 4."""
+        from bench.avro_topic import produce_avro
+        from bench.peers import runs as peer_runs
+
+        out: dict[str, Any] = {}
+        for size in sizes:
+            data = produce(self.settings.kafka_bootstrap, size)
+            topics = [data.topic]
+            rounds = []
+            try:
+                avro = produce_avro(self.settings, size, self.workdir)
+                topics.append(avro.data.topic)
+                say(
+                    f"data sets: {size} records as JSON in {data.topic} ({data.produce_s:.1f}s), as Avro "
+                    f"in {avro.data.topic} ({avro.data.produce_s:.1f}s, {avro.value_bytes:.1f} bytes a "
+                    f"value, schema id {avro.schema_id} in {avro.registry})"
+                )
+                for n in range(self.runs):
+                    entry: dict[str, Any] = {"load_before": load_average(), "runtime": self.runtime}
+                    entry["files"] = self._pipeline(
+                        "files", data, self.settings, BATCH_PER_PARTITION
+                    ).to_dict()
+                    entry["files_avro"] = self._pipeline(
+                        "files", avro.data, avro.settings, BATCH_PER_PARTITION, fmt=avro.fmt
+                    ).to_dict()
+                    if size in peer_sizes:
+                        batch = BATCH_PER_PARTITION * PARTITIONS
+                        for key, topic, schema in (
+                            ("spark_structured_streaming", data, None),
+                            ("spark_structured_streaming_avro", avro.data, avro.fmt.reader_schema),
+                        ):
+                            sss = peer_runs.structured_streaming(
+                                self.settings, topic, self.workdir, batch, schema
+                            )
+                            entry[key] = dataclasses.asdict(sss) | {"records_per_s": sss.records_per_s}
+                    entry["load_after"] = load_average()
+                    rounds.append(entry)
+                    say(f"avro {size} records, round {n + 1}: " + report.avro_summary(entry))
+            finally:
+                delete_topics(self.settings.kafka_bootstrap, topics)
+            out[str(size)] = {
+                "json_value_bytes": RECORD_BYTES,
+                "avro_value_bytes": avro.value_bytes,
+                "registry": avro.registry,
+                "rounds": rounds,
+            }
+        self.record("avro", out)
+
     def limit_only(self, sizes: tuple[int, ...]) -> None:
         """The smoke run's stand-in for step 4: the read limit only, no Spark."""
         out: dict[str, Any] = {}
@@ -297,12 +353,16 @@ class Bench:
         *,
         stop_after: int | None = None,
         remote: str | bool | None = True,
+        fmt: AvroFormat | None = None,
     ) -> PipelineRun:
-        """``remote``: True for the bench's runtime (the warm one when set), else the server or None."""
+        """``remote``: True for the bench's runtime (the warm one when set), else the server or None.
+        ``fmt``: the Avro format of an Avro data set (JSON otherwise)."""
         from bench import sinks_check
 
-        name = f"bench-{config.replace('_', '')}-{uuid.uuid4().hex[:8]}"
-        spec = bench_pipeline(config, name, data.topic, self.workdir, batch_per_partition=batch_per_partition)
+        name = f"bench-{config.replace('_', '')}{'avro' if fmt else ''}-{uuid.uuid4().hex[:8]}"
+        spec = bench_pipeline(
+            config, name, data.topic, self.workdir, batch_per_partition=batch_per_partition, fmt=fmt
+        )
         records = min(stop_after or data.records, data.records)
         server = self.remote if remote is True else (remote or None)
         run = run_to_end(spec, settings, records, server)
@@ -361,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps",
         help="comma-separated subset of: startup,overhead,latency,follow,jobs,airflow,commit,"
-        "protocol,throughput,memory (default: all)",
+        "protocol,throughput,avro,memory (default: all)",
     )
     parser.add_argument(
         "--merge", action="store_true", help="update --out/report.json with these steps' results"
@@ -418,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": lambda: bench.commit_cost(commit_sizes),
         "protocol": lambda: bench.sink_protocol(protocol_sizes),
         "throughput": lambda: bench.throughput(sizes, pg_sizes, peer_sizes),
+        "avro": lambda: bench.avro(sizes, peer_sizes),
         "memory": lambda: bench.memory(max(sizes)),
     }
     if args.smoke:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bench.dataset import MIN_AMOUNT, Dataset, create_topic, delete_topics, kept
 from bench.memory import TreePeak, TreeSampler
-from bench.peers.setup import HERE, quix_python, spark_kafka_jars
+from bench.peers.setup import HERE, quix_python, spark_avro_jars, spark_kafka_jars
 from onceflow.config import Settings
 from onceflow.engine.submit import spark_environment
 
@@ -51,15 +51,21 @@ def _run(name: str, command: list[str], env: dict[str, str], data: Dataset) -> t
     return wall, summary, memory
 
 
-def structured_streaming(settings: Settings, data: Dataset, workdir: Path, batch: int) -> PeerRun:
-    """spark-submit the Structured Streaming job with the same master and settings as onceflow's slices."""
+def structured_streaming(
+    settings: Settings, data: Dataset, workdir: Path, batch: int, avro_schema: str | None = None
+) -> PeerRun:
+    """spark-submit the Structured Streaming job with the same master and settings as onceflow's slices.
+
+    ``avro_schema`` (JSON text): the topic holds Avro in the registry wire format, read with ``from_avro``.
+    """
     run_dir = workdir / f"sss-{uuid.uuid4().hex[:8]}"
+    jars = [*spark_kafka_jars(), *(spark_avro_jars() if avro_schema else [])]
     command = [
         "spark-submit",
         "--master", "local[2]",
         "--conf", "spark.ui.enabled=false",
         "--conf", "spark.sql.shuffle.partitions=4",
-        "--jars", ",".join(str(j) for j in spark_kafka_jars()),
+        "--jars", ",".join(str(j) for j in jars),
         str(HERE / "spark_streaming_job.py"),
         "--bootstrap", settings.kafka_bootstrap,
         "--topic", data.topic,
@@ -67,6 +73,7 @@ def structured_streaming(settings: Settings, data: Dataset, workdir: Path, batch
         "--checkpoint", str(run_dir / "checkpoint"),
         "--max-offsets", str(batch),
         "--min-amount", str(MIN_AMOUNT),
+        *(["--avro-schema", avro_schema] if avro_schema else []),
     ]  # fmt: skip
     env = spark_environment(settings)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
@@ -76,9 +83,8 @@ def structured_streaming(settings: Settings, data: Dataset, workdir: Path, batch
         shutil.rmtree(run_dir, ignore_errors=True)
     if summary["rows"] != kept(data.records):
         raise PeerFailed(f"Structured Streaming wrote {summary['rows']} rows, expected {kept(data.records)}")
-    return PeerRun(
-        "spark_structured_streaming", data.records, wall, summary["processing_s"], summary["rows"], memory
-    )
+    name = "spark_structured_streaming_avro" if avro_schema else "spark_structured_streaming"
+    return PeerRun(name, data.records, wall, summary["processing_s"], summary["rows"], memory)
 
 
 def quix(settings: Settings, data: Dataset) -> PeerRun:

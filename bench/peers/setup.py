@@ -1,7 +1,7 @@
 """What the peers need, installed on first use into the git-ignored .cache/ folder.
 
 * Spark's Kafka source jars, resolved from Maven Central with ``mvn`` (as infra/kafka.sh resolves the
-  broker), for the Structured Streaming peer.
+  broker), for the Structured Streaming peer, and spark-avro for its ``from_avro`` variant.
 * A separate virtualenv for quix-streams: it requires confluent-kafka < 2.13, while onceflow pins 2.16.1,
   so it cannot share onceflow's environment without changing a pinned version. Its packages are pinned
   in quix-requirements.txt.
@@ -17,9 +17,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CACHE = ROOT / ".cache"
 SPARK_KAFKA_JARS = CACHE / "spark-kafka"
+SPARK_AVRO_JARS = CACHE / "spark-avro"
 QUIX_VENV = CACHE / "quix-venv"
 # Only these artifacts: everything else the Kafka source needs is already in pyspark's jars.
 JAR_ARTIFACTS = "spark-sql-kafka-0-10_2.13,spark-token-provider-kafka-0-10_2.13,kafka-clients,commons-pool2"
+# spark-avro alone: the avro jars it uses are pyspark's.
+AVRO_JAR_ARTIFACTS = "spark-avro_2.13"
 
 
 def _say(message: str) -> None:
@@ -28,10 +31,20 @@ def _say(message: str) -> None:
 
 def spark_kafka_jars() -> list[Path]:
     """The jar files to pass to spark-submit ``--jars``, resolved once."""
-    done = SPARK_KAFKA_JARS / ".complete"
+    return _maven_jars("Spark's Kafka source", JAR_ARTIFACTS, SPARK_KAFKA_JARS)
+
+
+def spark_avro_jars() -> list[Path]:
+    """spark-avro's jar (``from_avro``) for spark-submit ``--jars``, resolved once."""
+    return _maven_jars("spark-avro", AVRO_JAR_ARTIFACTS, SPARK_AVRO_JARS)
+
+
+def _maven_jars(what: str, artifacts: str, folder: Path) -> list[Path]:
+    """``artifacts`` of pom.xml's dependencies, copied from Maven Central into ``folder`` on first use."""
+    done = folder / ".complete"
     if not done.exists():
-        _say(f"resolving Spark's Kafka source from Maven Central into {SPARK_KAFKA_JARS}")
-        SPARK_KAFKA_JARS.mkdir(parents=True, exist_ok=True)
+        _say(f"resolving {what} from Maven Central into {folder}")
+        folder.mkdir(parents=True, exist_ok=True)
         subprocess.run(
             [
                 "mvn", "-q", "-B", "-Dstyle.color=never",
@@ -39,13 +52,13 @@ def spark_kafka_jars() -> list[Path]:
                 "-f", str(HERE / "pom.xml"),
                 "dependency:copy-dependencies",
                 "-DincludeScope=runtime",
-                f"-DincludeArtifactIds={JAR_ARTIFACTS}",
-                f"-DoutputDirectory={SPARK_KAFKA_JARS}",
+                f"-DincludeArtifactIds={artifacts}",
+                f"-DoutputDirectory={folder}",
             ],
             check=True,
         )  # fmt: skip
         done.touch()
-    return sorted(SPARK_KAFKA_JARS.glob("*.jar"))
+    return sorted(folder.glob("*.jar"))
 
 
 def quix_python() -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 from typing import Any
 
 from onceflow.errors import ConfigError
@@ -153,9 +154,10 @@ class AvroDecoder:
                 "malformed_avro", f"writer schema {which}: a string is not UTF-8 ({exc.reason})"
             ) from exc
         except Exception as exc:  # EOF, bad lengths, bad union indexes: the body is not this schema's
-            raise AvroReject(
-                "malformed_avro", f"writer schema {which}: body does not decode ({_short(exc)})"
-            ) from exc
+            # fastavro's messages for an empty body differ by the field type read first (EOFError, or
+            # "cannot read double from <stream>"): one reason for all of them.
+            detail = "the body is empty" if not len(body) else f"body does not decode ({_short(exc)})"
+            raise AvroReject("malformed_avro", f"writer schema {which}: {detail}") from exc
         left = len(body) - stream.tell()
         if left:
             raise AvroReject("malformed_avro", f"writer schema {which}: {left} bytes left after the record")
@@ -222,6 +224,11 @@ def _is_uuid(avro_type: Any) -> bool:
     return isinstance(avro_type, dict) and avro_type.get("logicalType") == "uuid"
 
 
+# An object's repr in an exception message ("<_io.BytesIO object at 0x7f…>"): its address differs between
+# processes, and a dead letter's reason must not, so that a replay or the other decoder gives the same one.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+(?=>)")
+
+
 def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = _ADDRESS.sub("", " ".join(str(exc).split())) or type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."

@@ -257,6 +257,24 @@ def test_plain_bodies_are_read_with_the_reader_schema_or_the_given_writer_schema
     ).startswith("malformed_avro:")
 
 
+@pytest.mark.parametrize("first", ["double", "float", "boolean", "long", "string"])
+def test_an_empty_plain_body_has_one_reason_whatever_the_first_field(tmp_path: Path, first: str) -> None:
+    """fastavro names its stream object, address included, for some types: the reason must not vary."""
+    schema = {"type": "record", "name": "R", "fields": [{"name": "x", "type": first}]}
+    fmt = AvroFormat(schema_file=avsc(tmp_path, schema), wire="plain")
+    assert reason(decode(fmt, None, b"")) == "malformed_avro: writer schema of the format: the body is empty"
+
+
+def test_a_truncated_body_is_reasoned_without_a_memory_address(tmp_path: Path) -> None:
+    fmt = AvroFormat(schema_file=avsc(tmp_path, ORDER_V2), wire="plain")
+    truncated = body(ORDER_V2, {"id": 1, "price": 2.0, "note": "n", "coupon": None})[:3]
+    reasons = {reason(decode(fmt, None, truncated)) for _ in range(3)}
+    assert len(reasons) == 1
+    (text,) = reasons
+    assert text.startswith("malformed_avro: writer schema of the format: body does not decode (")
+    assert " at 0x" not in text
+
+
 class CountingRegistry:
     """A registry that counts the look-ups it answers (from a folder of schemas)."""
 

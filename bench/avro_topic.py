@@ -1,0 +1,55 @@
+"""The Avro step's data set: the throughput step's records as Avro in the schema registry wire format.
+
+The writer schema is registered in the deployment's registry server (``ONCEFLOW_SCHEMA_REGISTRY_URL``,
+http(s)://), so that onceflow resolves it by id as it would a producer's; without a registry server, it is
+kept in a schema folder under the workdir (id 1) and the pipeline reads through that folder instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.dataset import AVRO_SCHEMA, Dataset, avro_record, produce
+from onceflow import redact
+from onceflow.config import Settings
+from onceflow.pipeline import AvroFormat
+from onceflow.schema_registry import FolderSchemaRegistry, HttpSchemaRegistry
+
+
+@dataclass(frozen=True)
+class AvroTopic:
+    data: Dataset
+    fmt: AvroFormat  # the reader schema from a file, writer schemas by id from ``settings``' registry
+    settings: Settings  # with the registry the pipeline resolves schema ids through
+    schema_id: int
+    registry: str  # where the schema was registered, for the report (no credentials)
+    value_bytes: float  # mean size of a value, the 5-byte header included
+
+
+def produce_avro(settings: Settings, records: int, workdir: Path) -> AvroTopic:
+    """Register AVRO_SCHEMA, then write records 0..records-1 as the throughput step writes them."""
+    schema = json.dumps(AVRO_SCHEMA)
+    folder = workdir / f"avro-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    reader = folder / "bench-record.avsc"
+    reader.write_text(schema, encoding="utf-8")
+    url = settings.schema_registry_url
+    if url is not None and url.startswith(("http://", "https://")):
+        schema_id = HttpSchemaRegistry(url).register(f"bench-avro-{uuid.uuid4().hex[:8]}-value", schema)
+        shown = f"schema registry {redact.url(url)}"
+    else:
+        schema_id = 1
+        manifest = {"schemas": [{"id": 1, "subject": "bench-value", "version": 1, "file": reader.name}]}
+        (folder / FolderSchemaRegistry.MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+        settings = dataclasses.replace(settings, schema_registry_url=f"file://{folder.resolve()}")
+        shown = "a schema folder (no registry server configured)"
+    value = avro_record(schema_id)
+    sample = range(0, records, max(1, records // 1000))
+    value_bytes = sum(len(value(i)) for i in sample) / max(len(sample), 1)
+    data = produce(settings.kafka_bootstrap, records, "bench-avro", value=value)
+    fmt = AvroFormat(schema_file=str(reader), wire="registry")
+    return AvroTopic(data, fmt, settings, schema_id, shown, value_bytes)
