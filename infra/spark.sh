@@ -186,8 +186,9 @@ start_connect() {
   done
   # Slices set their own SQL settings per session; the cluster-wide ones are in infra/spark/connect-server.conf
   # (docker-compose.yml runs its server with the same file). spark-submit sizes this server's heap from
-  # SPARK_DAEMON_MEMORY, as for the other daemons.
-  SPARK_DAEMON_MEMORY="$ONCEFLOW_SPARK_DRIVER_MEMORY" launch connect "$SPARK_HOME/bin/spark-submit" \
+  # SPARK_DAEMON_MEMORY, as for the other daemons; a caller's SPARK_SUBMIT_OPTS, meant for its own
+  # spark-submits, does not reach this long-lived server.
+  SPARK_SUBMIT_OPTS="" SPARK_DAEMON_MEMORY="$ONCEFLOW_SPARK_DRIVER_MEMORY" launch connect "$SPARK_HOME/bin/spark-submit" \
     --class org.apache.spark.sql.connect.service.SparkConnectServer --name "onceflow Spark Connect server" \
     --properties-file "$ONCEFLOW_ROOT/infra/spark/connect-server.conf" \
     --master "$MASTER_URL" --driver-memory "$ONCEFLOW_SPARK_DRIVER_MEMORY" --jars "$jar_list" \
