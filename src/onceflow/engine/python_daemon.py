@@ -23,6 +23,8 @@ import sys
 import time
 from types import FrameType
 
+from onceflow.config import python_daemon_idle_s
+
 IDLE_S = 120.0
 CHECK_S = 10.0
 
@@ -82,11 +84,10 @@ def _worker_defaults() -> None:
 def main() -> None:
     from pyspark import daemon
 
-    idle_s = float(os.environ.get("ONCEFLOW_PYTHON_DAEMON_IDLE_S", IDLE_S))
-    if idle_s > 0:
-        signal.signal(signal.SIGALRM, IdleExit(idle_s))
-        os.register_at_fork(after_in_child=_worker_defaults)
-        signal.setitimer(signal.ITIMER_REAL, min(CHECK_S, idle_s), min(CHECK_S, idle_s))
+    idle_s = python_daemon_idle_s(IDLE_S)
+    signal.signal(signal.SIGALRM, IdleExit(idle_s))
+    os.register_at_fork(after_in_child=_worker_defaults)
+    signal.setitimer(signal.ITIMER_REAL, min(CHECK_S, idle_s), min(CHECK_S, idle_s))
     daemon.manager()  # type: ignore[no-untyped-call]
 
 
