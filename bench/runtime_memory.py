@@ -30,8 +30,8 @@ from onceflow.config import Settings
 
 TARGET_MB = 1536.0  # the 1.5 GB for the whole runtime
 INTERVAL_S = 2.0
-# The Python worker factory closes a daemon's idle forked workers after a minute without work.
-SETTLE_S = 75.0
+# Spark closes idle forked workers after a minute; the runtime's daemons go 30 s later (checked every 10 s).
+SETTLE_S = 120.0
 
 
 @dataclass

@@ -25,7 +25,7 @@ from types import FrameType
 
 from onceflow.config import python_daemon_idle_s
 
-IDLE_S = 120.0
+IDLE_S = 30.0
 CHECK_S = 10.0
 
 
