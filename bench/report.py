@@ -739,8 +739,8 @@ def _runtime_memory_section(results: dict[str, Any]) -> list[str]:
         if name in run:
             g = run[name]
             lines.append(
-                f"- {label}: second half's peak {g['second_half_peak']:g} against the first half's "
-                f"{g['first_half_peak']:g} (flat up to {g['limit']:g}): {'flat' if g['flat'] else 'GREW'}"
+                f"- {label}: second half's peak {g['second_half_peak']:.0f} against the first half's "
+                f"{g['first_half_peak']:.0f} (flat up to {g['limit']:.0f}): {'flat' if g['flat'] else 'GREW'}"
             )
     verdict = "met" if run["peak_within_target"] else "missed"
     lines.append(
