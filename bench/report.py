@@ -189,6 +189,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 "met" if m <= 3 else "MISSED",
             )
         )
+    rows += _runtime_memory_targets(results.get("runtime_memory"))
     for backend in results.get("overhead", {}).get("ledgers", {}):
         m = median(epoch_steps(results, backend)["coordination_s"])
         rows.append(
@@ -199,6 +200,29 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             )
         )
     return rows
+
+
+def _runtime_memory_targets(run: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """The warm runtime's peak against 1.5 GB, and its flatness at the size actually run: a smaller run
+    than 100 pipelines and 1,000 epochs says so instead of claiming the target."""
+    if not run:
+        return []
+    size = f"{run['pipelines']} pipelines, {run['epochs']} epochs"
+    full = run["pipelines"] >= 100 and run["epochs"] >= 1000
+    flat = "met" if run["flat"] and full else "MISSED" if run["flat"] is False else f"flat at {size} only"
+    return [
+        (
+            "warm runtime's peak ≤ 1.5 GB (distinct small pipelines)",
+            f"{run['peak']['total_mb']:.0f} MB ({size})",
+            "met" if run["peak_within_target"] else "MISSED",
+        ),
+        (
+            "warm runtime flat over 100 pipelines and 1,000 epochs",
+            f"{run['start']['total_mb']:.0f} → {run['end']['total_mb']:.0f} MB at rest, "
+            f"{run['end']['python_processes']} Python processes after ({size})",
+            flat,
+        ),
+    ]
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -245,6 +269,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _jobs_section(results)
     lines += _airflow_section(results)
     lines += _memory_section(results)
+    lines += _runtime_memory_section(results)
     lines += ["", "![plots](report.png)", ""]
     return "\n".join(lines)
 
@@ -773,6 +798,49 @@ def _memory_section(results: dict[str, Any]) -> list[str]:
                 bounded["epochs"],
             )
         )
+    return [*lines, ""]
+
+
+def _runtime_memory_section(results: dict[str, Any]) -> list[str]:
+    run = results.get("runtime_memory")
+    if not run:
+        return []
+
+    def row(label: str, at: dict[str, Any]) -> str:
+        return (
+            f"| {label} | {at['total_mb']:.0f} | {at['jvm_mb']:.0f} | {at['python_mb']:.0f} | "
+            f"{at['python_processes']} ({at['python_daemons']}) | {at['sessions']} |"
+        )
+
+    peak = run["peak"]
+    lines = [
+        f"## The warm runtime over {run['pipelines']} distinct pipelines ({run['epochs']} epochs)",
+        "",
+        f"Epochs of {run['records_per_epoch']:,} records into Parquet files, one distinct pipeline after "
+        "another (each its own Spark Connect session); the proportional set size of every runtime process "
+        f"(Connect server, executors and their Python processes, master and workers) every "
+        f"{run['interval_s']:g} s; the end is {run['end']['settled_s']:.0f} s after the last epoch. First "
+        f"epoch of a pipeline {run['first_epoch_median_s']} s median, later ones "
+        f"{run['later_epoch_median_s']} s; {run['wall_s'] / 60:.1f} minutes in all.",
+        "",
+        "| when | total MB | JVMs MB | Python MB | Python processes (daemons) | sessions |",
+        "| --- | --- | --- | --- | --- | --- |",
+        row("at rest, before", run["start"]),
+        row(f"peak (after {peak['pipelines']} pipelines, {peak['epochs']} epochs)", peak),
+        row("at rest, after", run["end"]),
+        "",
+    ]
+    for name, label in (("total_mb", "total MB"), ("python_processes", "Python processes")):
+        if name in run:
+            g = run[name]
+            lines.append(
+                f"- {label}: second half's peak {g['second_half_peak']:.0f} against the first half's "
+                f"{g['first_half_peak']:.0f} (flat up to {g['limit']:.0f}): {'flat' if g['flat'] else 'GREW'}"
+            )
+    verdict = "met" if run["peak_within_target"] else "missed"
+    lines.append(
+        f"- peak {peak['total_mb']:.0f} MB against the target of {run['target_mb']:.0f} MB: {verdict}"
+    )
     return [*lines, ""]
 
 

@@ -13,6 +13,7 @@ Steps:
    the files pipeline on the JSON and on the Avro topic, Structured Streaming with from_json and with
    from_avro;
 5. peak memory of epochs of a fixed batch on the largest data set;
+5b. the warm runtime's memory over many distinct pipelines and epochs (``--steps runtime_memory``);
 6. the report.
 
 Pipelines run on the warm Spark runtime when ``ONCEFLOW_SPARK_REMOTE`` is set (``make services`` sets
@@ -324,6 +325,23 @@ class Bench:
             out[str(size)] = [{"limit": {"records_per_s": limit.records_per_s, "mb_per_s": limit.mb_per_s}}]
         self.record("throughput", out)
 
+    # 5b.
+    def runtime_memory(self, pipelines: int, epochs: int) -> None:
+        """The warm runtime's memory over many distinct pipelines (`bench.runtime_memory`)."""
+        from bench import runtime_memory
+
+        settings = self.warm("runtime_memory")
+        if settings is None or self.remote is None:
+            return
+        out = runtime_memory.measure(
+            settings, self.workdir, self.remote, pipelines=pipelines, epochs=epochs, say=say
+        )
+        say(
+            f"runtime memory: start {out['start']['total_mb']:.0f} MB, "
+            f"peak {out['peak']['total_mb']:.0f} MB, end {out['end']['total_mb']:.0f} MB, flat: {out['flat']}"
+        )
+        self.results["runtime_memory"] = out  # replaced whole: its samples belong to one run
+
     # 5.
     def memory(self, size: int) -> None:
         """Epochs of a fixed batch (10^5 records) taken from a data set 10x (or more) larger."""
@@ -421,7 +439,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps",
         help="comma-separated subset of: startup,overhead,latency,follow,jobs,airflow,commit,"
-        "protocol,throughput,avro,memory (default: all)",
+        "protocol,throughput,avro,memory,runtime_memory (default: all but runtime_memory)",
+    )
+    parser.add_argument(
+        "--runtime-pipelines", type=int, default=100, help="distinct pipelines of the runtime_memory step"
+    )
+    parser.add_argument(
+        "--runtime-epochs", type=int, default=1000, help="epochs in all of the runtime_memory step"
     )
     parser.add_argument(
         "--merge", action="store_true", help="update --out/report.json with these steps' results"
@@ -480,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         "throughput": lambda: bench.throughput(sizes, pg_sizes, peer_sizes),
         "avro": lambda: bench.avro(sizes, peer_sizes),
         "memory": lambda: bench.memory(max(sizes)),
+        "runtime_memory": lambda: bench.runtime_memory(args.runtime_pipelines, args.runtime_epochs),
     }
     if args.smoke:
         all_steps = {
@@ -487,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
             "protocol": all_steps["protocol"],
             "limit": lambda: bench.limit_only(sizes),
         }
-    chosen = args.steps.split(",") if args.steps else list(all_steps)
+    # runtime_memory runs only when asked for: at its default size it takes longer than all the rest.
+    chosen = args.steps.split(",") if args.steps else [s for s in all_steps if s != "runtime_memory"]
     unknown = sorted(set(chosen) - set(all_steps))
     if unknown:
         parser.error(f"unknown steps {unknown}; known: {', '.join(all_steps)}")

@@ -144,6 +144,14 @@ def inherited_environment() -> dict[str, str]:
     return dict(os.environ)
 
 
+def python_daemon_idle_s(default: float) -> float:
+    """How long the runtime's Python daemon (`onceflow.engine.python_daemon`) stays without a worker
+    before it exits: ONCEFLOW_PYTHON_DAEMON_IDLE_S in the executors' environment (set with
+    ``spark.executorEnv.``), read there, where no `Settings` is made."""
+    name = "ONCEFLOW_PYTHON_DAEMON_IDLE_S"
+    return _seconds(os.environ.get(name), name, default)
+
+
 def _seconds(value: str | None, name: str, default: float) -> float:
     if value is None or value == "":
         return default

@@ -19,32 +19,32 @@ from typing import Any
 
 import psutil
 import psycopg
+from local_stack.footprint import FLAT_FACTOR, FLAT_MARGINS, Footprint, footprint, halves_growth
 from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.sinks.kafka import transactional_id_prefix
 from onceflow.sinks.staging import STAGING
-from tests.faults.spark_faults import Footprint, footprint
 
 LEDGER_TABLES = ("pipelines", "epochs", "epoch_offsets", "participants", "dead_letters")
 # Transaction states of Kafka's TransactionsCommand that hold a transaction open.
 OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort"})
 SINK_TRANSACTIONS = "onceflow:"  # the Kafka sink's transactional.id prefix (the workload's are "wl-")
-GROWTH = 1.25
+GROWTH = FLAT_FACTOR
 # Absolute margins over the first half's peak, per curve. A process's descriptors are split in two:
 # files (log segments, jars, pipes), which a leak grows, and sockets, which come and go with the clients in
 # flight. A broker at rest holds about 150 files and a dozen sockets; in the hour soaks its descriptors
 # (then counted together) went from 172 up to 391 and back. Spark's pooled Kafka consumers (64 per executor,
 # evicted after 5 idle minutes) fill in over the first minutes, so a short run's second half can hold more
 # sockets than its first without anything leaking.
-# The warm runtime's footprint (`tests.faults.spark_faults.footprint`): JVM heaps settle after the first
+# The warm runtime's footprint (`local_stack.footprint`): JVM heaps settle after the first
 # minutes, and Python workers and Connect sessions come and go with the epochs in flight.
 MARGINS = {
     "ledger_rows": 200,
     "fds": 64,
     "sockets": 256,
     "pg_connections": 5,
-    "runtime_pss_total_mb": 300,
-    "python_processes": 4,
+    "runtime_pss_total_mb": FLAT_MARGINS["total_mb"],
+    "python_processes": FLAT_MARGINS["python_processes"],
     "sessions": 3,
     # Offsets a pipeline has still to read: a fault holds a lane for up to a minute and a half, so a minute
     # and a half of input is the margin; a pipeline slower than the producer grows past it.
@@ -318,11 +318,12 @@ def unbounded(samples: Sequence[Sample]) -> list[str]:
         base = name.split(".")[0]
         if base not in MARGINS:
             continue
-        early = max((v for v in values[: len(first)] if v == v), default=None)
-        late = max((v for v in values[len(first) :] if v == v), default=None)
-        if early is None or late is None:
+        growth = halves_growth(values, GROWTH, MARGINS[base])
+        if growth is None:
             continue  # a process that only ran in one half (a broker restarted under a new name)
-        limit = early * GROWTH + MARGINS[base]
-        if late > limit:
-            problems.append(f"{name} grew: second-half peak {late:g} > {limit:g} (first-half peak {early:g})")
+        if not growth.flat:
+            problems.append(
+                f"{name} grew: second-half peak {growth.second_half_peak:g} > {growth.limit:g} "
+                f"(first-half peak {growth.first_half_peak:g})"
+            )
     return problems

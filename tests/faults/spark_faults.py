@@ -1,4 +1,4 @@
-"""Spark's own faults, landed while an epoch's tasks run on the warm runtime, and the runtime's footprint.
+"""Spark's own faults, landed while an epoch's tasks run on the warm runtime.
 
 The crash and pause points of a driver step cannot reach the warm runtime's tasks: they run in the
 executors the Connect server keeps, which do not inherit the step's environment. So these faults are
@@ -6,22 +6,18 @@ aimed by Spark itself: the step runs in the background, and the fault lands as s
 shows a task of it running (the soak runs one epoch at a time, so a running task is that epoch's). An
 epoch that finishes before any task is seen is a fault that did not land, and says so.
 
-The footprint is what issue-free operation must keep flat: the proportional set size (PSS, shared pages
-split between their users) of every runtime process, its Python workers and its Spark Connect sessions.
+The runtime's footprint, which the soak samples between faults, is `local_stack.footprint`'s.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
-import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import psutil
+from local_stack.footprint import daemons, python_workers
 from local_stack.spark_runtime import WORKERS, SparkRuntime
 
 # Kinds of the soak's catalogue, each one a process of the path users run, SIGKILLed mid-task.
@@ -33,26 +29,13 @@ DESCRIBED = {
     "spark_worker": "standalone worker-1 lost (worker, executor, Python workers SIGKILLed) and back",
     "runner_lease": "the epoch's runner SIGKILLed mid-task while it holds the lease",
 }
-SESSIONS = re.compile(r"(\d+)\s+session\(s\) are online")
-
-
-def python_workers(runtime: SparkRuntime) -> list[psutil.Process]:
-    """The Python processes under the executors: each executor's ``pyspark.daemon`` and the workers it
-    forked (a forked worker keeps the daemon's command line, so depth tells them apart, not the name)."""
-    found: list[psutil.Process] = []
-    for pid in runtime.executor_pids():
-        try:
-            found += psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            continue
-    return found
 
 
 def forked_workers(runtime: SparkRuntime) -> list[psutil.Process]:
     """The Python workers running batches: the children of each executor's daemon."""
-    executors, processes = set(runtime.executor_pids()), python_workers(runtime)
-    daemons = {p.pid for p in processes if _parent(p) in executors}
-    return [p for p in processes if _parent(p) in daemons]
+    processes = python_workers(runtime)
+    forking = {p.pid for p in daemons(runtime, processes)}
+    return [p for p in processes if _parent(p) in forking]
 
 
 def _parent(process: psutil.Process) -> int | None:
@@ -111,52 +94,3 @@ def _executor_id(pid: int) -> str | None:
     except psutil.Error:
         return None
     return cmdline[cmdline.index("--executor-id") + 1] if "--executor-id" in cmdline else None
-
-
-# --------------------------------------------------------------------------------------- footprint
-
-
-@dataclass
-class Footprint:
-    """The runtime at one moment: PSS in MB per role, Python workers, Connect sessions."""
-
-    pss_mb: dict[str, float]
-    python_processes: int
-    sessions: int
-
-    @property
-    def total_mb(self) -> float:
-        return round(sum(self.pss_mb.values()), 1)
-
-
-def pss_mb(pid: int) -> float:
-    """Proportional set size of one process (``/proc/PID/smaps_rollup``), 0 when it is gone."""
-    try:
-        for line in open(f"/proc/{pid}/smaps_rollup").read().splitlines():  # noqa: SIM115
-            if line.startswith("Pss:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return 0.0
-    return 0.0
-
-
-def footprint(runtime: SparkRuntime, sessions: Callable[[SparkRuntime], int] | None = None) -> Footprint:
-    roles: dict[str, float] = {}
-    for name in ("master", *WORKERS, "connect"):
-        if (pid := runtime.pid(name)) is not None:
-            roles[name] = pss_mb(pid)
-    roles["executors"] = round(sum(pss_mb(pid) for pid in runtime.executor_pids()), 1)
-    workers = python_workers(runtime)
-    roles["python"] = round(sum(pss_mb(p.pid) for p in workers), 1)
-    return Footprint(roles, len(workers), (sessions or connect_sessions)(runtime))
-
-
-def connect_sessions(runtime: SparkRuntime) -> int:
-    """Sessions the Connect server holds, from its UI page (the REST API does not list them); -1 when the
-    page does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{runtime.ui_port}/connect/", timeout=5) as page:
-            found = SESSIONS.search(page.read().decode("utf-8", "replace"))
-    except OSError:
-        return -1
-    return int(found.group(1)) if found else -1

@@ -14,8 +14,9 @@ What the server's Python workers need from the pipeline:
 
 Every process that runs slices of one pipeline with the same modules joins one session on the server
 (its id derived from the pipeline's name and the modules' content) instead of opening its own. Spark
-4.1 keeps the Python workers of every session that ran Python until the server stops (SPARK-54055), so a
-session per Airflow task grew a long-lived runtime by a Python worker per executor per task. A joined
+4.1 gives every session that runs Python a Python daemon per executor and keeps it until the executor
+stops (SPARK-54055), so a session per Airflow task grew a long-lived runtime by a daemon per executor
+per task; the runtime's daemon (`onceflow.engine.python_daemon`) now also exits once idle. A joined
 session is never released by a client, since others use it; the server closes it once idle for
 ``spark.connect.session.manager.defaultSessionTimeout``, and a closed id is never valid again, so the
 clients then move on to the next generation's id. A change of the modules is a new session: a reused

@@ -1,0 +1,95 @@
+"""pyspark's Python daemon, which exits once it has had no worker for a while (SPARK-54055).
+
+Spark 4.1 gives every Spark Connect session that runs Python a Python worker factory of its own on each
+executor, with its own ``pyspark.daemon``, and keeps it until the executor stops; onceflow joins one
+session per pipeline and modules, so a runtime that has seen N pipelines holds 2N daemons (about 43 MB
+each) for ever. The factory already closes its idle forked workers after a minute; this daemon then
+exits on its own once it has had no forked worker for ``ONCEFLOW_PYTHON_DAEMON_IDLE_S`` seconds
+(default `IDLE_S`). The factory starts a new daemon at its next task: connecting to the one that exited
+fails with a ``SocketException``, on which Spark stops the old daemon, starts another and connects again.
+
+The check runs in the daemon's own main thread, from a SIGALRM timer (no thread, so that its forks stay
+safe), between two steps of the daemon's loop: never while it forks a worker, and it leaves a
+connection that already waits to be accepted to the loop. The runtime selects it with
+``spark.python.daemon.module=onceflow.engine.python_daemon`` (infra/spark/connect-server.conf).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+from types import FrameType
+
+from onceflow.config import python_daemon_idle_s
+
+IDLE_S = 30.0
+CHECK_S = 10.0
+
+
+def _children(pid: int) -> int:
+    """The live children of ``pid``'s main thread (the daemon forks from it); -1 when /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listed:
+            return len(listed.read().split())
+    except OSError:
+        return -1
+
+
+def _pending(frame: FrameType | None) -> bool:
+    """Whether a connection waits on the daemon's listening socket (a worker about to be asked for),
+    found in the frame of ``pyspark.daemon.manager`` that the signal interrupted."""
+    while frame is not None:
+        listening = frame.f_locals.get("listen_sock") if frame.f_code.co_name == "manager" else None
+        if listening is not None:
+            try:
+                return bool(select.select([listening], [], [], 0)[0])
+            except (OSError, ValueError):
+                return True  # cannot tell: stay
+        frame = frame.f_back
+    return False
+
+
+class IdleExit:
+    """Counts the time without forked workers; past ``idle_s``, ends the daemon as SIGTERM would."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self.pid = os.getpid()
+        self.busy_at = time.monotonic()
+
+    def due(self, children: int, now: float) -> bool:
+        """Whether the daemon should exit, given its live children now; any child (or an unknown count)
+        restarts the idle time."""
+        if children != 0:
+            self.busy_at = now
+            return False
+        return now - self.busy_at >= self.idle_s
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked worker that was sent SIGALRM: not the daemon's timer
+        if self.due(_children(self.pid), time.monotonic()) and not _pending(frame):
+            print(f"onceflow: Python daemon {self.pid} idle for {self.idle_s:g} s, exiting", file=sys.stderr)
+            os.kill(self.pid, signal.SIGTERM)  # the daemon's own handler: its shutdown, as Spark's stop
+
+
+def _worker_defaults() -> None:
+    """In a forked worker: SIGALRM back to its default, so that the daemon's check never runs there."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
+def main() -> None:
+    from pyspark import daemon
+
+    idle_s = python_daemon_idle_s(IDLE_S)
+    signal.signal(signal.SIGALRM, IdleExit(idle_s))
+    os.register_at_fork(after_in_child=_worker_defaults)
+    signal.setitimer(signal.ITIMER_REAL, min(CHECK_S, idle_s), min(CHECK_S, idle_s))
+    daemon.manager()  # type: ignore[no-untyped-call]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The pure parts of the runtime-memory bench and of the idle-exiting Python daemon: how epochs are spread
+over pipelines, when a footprint curve counts as flat, how a run is summarised and reported, and when the
+daemon decides it has been idle long enough."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+from bench import report
+from bench.runtime_memory import TARGET_MB, Point, epochs_per_pipeline, summary
+from local_stack.footprint import FLAT_FACTOR, FLAT_MARGINS, Footprint, halves_growth
+
+from onceflow.engine import python_daemon
+
+
+def _point(epochs: int, total: float, python: int = 4, jvm: float = 1000.0) -> Point:
+    return Point(
+        seconds=float(epochs),
+        pipelines=epochs // 2,
+        epochs=epochs,
+        total_mb=total,
+        jvm_mb=jvm,
+        python_mb=total - jvm,
+        python_processes=python,
+        python_daemons=python // 2,
+        sessions=1,
+        pss_mb={"connect": jvm / 2, "executors": jvm / 2, "python": total - jvm},
+    )
+
+
+def test_epochs_are_spread_evenly_and_every_pipeline_runs_one() -> None:
+    assert epochs_per_pipeline(3, 10) == [4, 3, 3]
+    assert epochs_per_pipeline(100, 1000) == [10] * 100
+    assert epochs_per_pipeline(4, 2) == [1, 1, 1, 1]
+
+
+def test_a_plateau_and_a_sawtooth_are_flat_steady_growth_is_not() -> None:
+    margin = FLAT_MARGINS["total_mb"]
+    plateau = halves_growth([1000, 1400, 1500, 1500, 1450, 1500], FLAT_FACTOR, margin)
+    assert plateau is not None and plateau.flat
+    saw = halves_growth([1000, 2000, 1000, 2000, 1000, 2000], FLAT_FACTOR, margin)
+    assert saw is not None and saw.flat
+    # 86 MB more for every pipeline (two daemons of a session that never go): 40 pipelines double it.
+    growing = halves_growth([2000 + 86 * n for n in range(40)], FLAT_FACTOR, margin)
+    assert growing is not None and not growing.flat
+    assert growing.limit == growing.first_half_peak * FLAT_FACTOR + margin
+
+
+def test_a_half_without_values_cannot_be_judged() -> None:
+    assert halves_growth([math.nan, math.nan, 5, 6], FLAT_FACTOR, 0) is None
+    assert halves_growth([1], FLAT_FACTOR, 0) is None
+
+
+def test_the_summary_takes_start_and_end_at_rest_and_judges_only_the_running_samples() -> None:
+    points = [_point(0, 1900), *(_point(e, 2300 + (e % 3) * 50) for e in range(1, 41)), _point(40, 2000)]
+    points[-1].python_processes = 0
+    found = summary(points, settle_s=75)
+    assert found["start"]["total_mb"] == 1900
+    assert found["end"]["total_mb"] == 2000 and found["end"]["python_processes"] == 0
+    assert found["peak"]["total_mb"] == 2400
+    assert found["flat"] is True and found["total_mb"]["flat"] and found["python_processes"]["flat"]
+    assert found["peak_within_target"] is (TARGET_MB >= 2400)
+
+
+def test_python_processes_that_pile_up_are_not_flat() -> None:
+    points = [_point(e, 2000, python=2 * e) for e in range(1, 41)]
+    found = summary(points, settle_s=0)
+    assert found["flat"] is False and not found["python_processes"]["flat"]
+
+
+def test_the_report_names_the_size_run_and_never_claims_the_full_target_for_a_smaller_run() -> None:
+    points = [_point(0, 1200), *(_point(e, 1400) for e in range(1, 21)), _point(20, 1250)]
+    run = {
+        "pipelines": 10,
+        "epochs": 20,
+        "records_per_epoch": 100,
+        "wall_s": 600.0,
+        "interval_s": 2.0,
+        "first_epoch_median_s": 3.0,
+        "later_epoch_median_s": 2.0,
+        **summary(points, settle_s=75),
+    }
+    rows = dict(
+        (target, (measured, verdict)) for target, measured, verdict in report.targets({"runtime_memory": run})
+    )
+    peak = rows["warm runtime's peak ≤ 1.5 GB (distinct small pipelines)"]
+    assert peak == ("1400 MB (10 pipelines, 20 epochs)", "met")
+    flat = rows["warm runtime flat over 100 pipelines and 1,000 epochs"]
+    assert flat[1] == "flat at 10 pipelines, 20 epochs only"
+    text = "\n".join(report._runtime_memory_section({"runtime_memory": run}))
+    assert "over 10 distinct pipelines (20 epochs)" in text and "| at rest, after | 1250 |" in text
+
+
+def test_footprint_splits_jvms_from_python() -> None:
+    found = Footprint({"master": 190, "connect": 560, "executors": 800, "python": 340}, 8, 4, 8)
+    assert found.total_mb == 1890 and found.jvm_mb == 1550
+
+
+def test_the_daemon_exits_only_after_the_idle_time_without_workers() -> None:
+    idle = python_daemon.IdleExit(120)
+    start = idle.busy_at
+    assert not idle.due(0, start + 119)
+    assert not idle.due(2, start + 200)  # workers alive: busy again from now
+    assert not idle.due(0, start + 300)
+    assert not idle.due(-1, start + 500)  # /proc could not tell: counted as busy
+    assert idle.due(0, start + 620)
+
+
+def test_children_are_counted_from_proc() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert python_daemon._children(os.getpid()) >= 1
+    finally:
+        child.kill()
+        child.wait()
+    assert python_daemon._children(2**22 + 1) == -1
