@@ -219,7 +219,7 @@ def _classic_session() -> Any:
     from pyspark.sql import SparkSession
 
     cache = Path(os.environ.get("ONCEFLOW_CACHE") or REPO / ".cache")
-    jars = sorted(cache.glob("spark-kafka-*/jars/*.jar"))
+    jars = sorted(cache.glob("spark-jars-*/jars/*.jar"))
     assert jars, f"no Spark Kafka source under {cache}: run `infra/spark.sh jars`"
     builder = SparkSession.builder.master("local[2]").appName("onceflow-conformance")
     for key, value in {**SLICE_SQL_CONF, "spark.ui.enabled": "false"}.items():
