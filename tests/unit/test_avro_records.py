@@ -272,6 +272,9 @@ class CountingRegistry:
     def latest(self, subject: str) -> RegisteredSchema:
         return self.inner.latest(subject)
 
+    def versions(self, subject: str) -> list[RegisteredSchema]:
+        return self.inner.versions(subject)
+
 
 def test_writer_schemas_are_looked_up_once_per_process(
     tmp_path: Path, registry: FolderSchemaRegistry
@@ -447,3 +450,11 @@ def test_an_oversized_avro_record_is_dead_lettered_before_any_registry_look_up(
     value = framed(2, {"id": 1, "price": 2.0, "note": "x" * 100, "coupon": None})
     assert reason(decoder.decode_row(record(value))).startswith("oversized:")
     assert counting.asked == 0
+
+
+def test_a_folder_lists_a_subjects_versions_oldest_first(registry: FolderSchemaRegistry) -> None:
+    versions = registry.versions("orders-value")
+    assert [(v.id, v.version) for v in versions] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    assert json.loads(versions[1].schema) == ORDER_V2
+    with pytest.raises(SchemaNotFound):
+        registry.versions("nobody")
