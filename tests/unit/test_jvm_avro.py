@@ -218,6 +218,7 @@ def test_the_driver_plans_the_subjects_versions_and_says_why_not_the_others(tmp_
     from_file = AvroFormat(schema_file=str(reader))
     plans, _ = writer_plans(from_file, registry, ["orders", "other", "absent"])
     assert [p.schema_id for p in plans] == [3, 4, 8]
+    assert writer_plans(from_file, None, ["orders"]) == ([], ["no schema registry is named"])
 
 
 def test_a_plain_body_has_the_one_writer_schema(tmp_path: Path) -> None:

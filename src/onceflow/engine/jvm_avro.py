@@ -219,6 +219,8 @@ def writer_plans(fmt: Any, registry: Any, topics: Sequence[str]) -> tuple[list[W
             return [writer_plan(reader, fmt.writer_schema or reader, None)], []
         except NotPlanned as exc:
             return [], [f"the writer schema: {exc}"]
+    if registry is None:  # Python's decoder says what is missing, in the task
+        return [], ["no schema registry is named"]
     subjects = [fmt.subject] if fmt.subject is not None else [f"{t}-value" for t in topics]
     listed: dict[int, str] = {}
     for subject in dict.fromkeys(subjects):
