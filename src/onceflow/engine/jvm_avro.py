@@ -363,15 +363,15 @@ def plan_checks(plan: WriterPlan, k: int) -> tuple[Any, list[Any]]:
 
     decoded, body = F.col(f"_d{k}"), F.col("_body")
     checks = [decoded.isNotNull(), decoded[plan.sentinel] == F.lit(True)]
-    offset: Any = F.lit(1)  # where the next field starts in the body, 1-based
+    lengths: list[Any] = [F.lit(1)]  # the field's start in the body (1-based) is the sum of these
     for field in plan.fields:
         v = decoded[field.name]
-        start = offset + 1 if field.nullable else offset
+        start = _sum([*lengths, F.lit(1)] if field.nullable else lengths)
         inner, value_checks = _encoded(field.type, v, body, start)
         length = F.lit(1) + F.when(v.isNull(), 0).otherwise(inner) if field.nullable else inner
         checks += [v.isNull() | check for check in value_checks] if field.nullable else value_checks
-        offset = offset + length
-    checks.append(offset == F.octet_length(body) + 1)
+        lengths.append(length)
+    checks.append(_sum(lengths) == F.octet_length(body) + 1)
     values = []
     for column in plan.columns:
         if column.source is None:
@@ -381,7 +381,7 @@ def plan_checks(plan: WriterPlan, k: int) -> tuple[Any, list[Any]]:
         values.append(v)
         if not column.nullable:
             checks.append(v.isNotNull())
-    return _all(checks), values
+    return plan_all(checks), values
 
 
 def _encoded(t: AvroType, v: Any, body: Any, start: Any) -> tuple[Any, list[Any]]:
@@ -428,28 +428,37 @@ def _varint_length(x: Any) -> Any:
     from pyspark.sql import functions as F
 
     zigzag = F.shiftleft(x, 1).bitwiseXOR(F.shiftright(x, 63))
-    length = F.lit(1)
-    for k in range(1, 10):
-        length = length + F.when(F.shiftrightunsigned(zigzag, 7 * k) != 0, 1).otherwise(0)
-    return length
+    more = [F.when(F.shiftrightunsigned(zigzag, 7 * k) != 0, 1).otherwise(0) for k in range(1, 10)]
+    return _sum([F.lit(1), *more])
 
 
 def _decimal_bytes(v: Any, precision: int, scale: int) -> Any:
     """Bytes of the shortest two's complement of a decimal's unscaled value (what Java writes)."""
     from pyspark.sql import functions as F
 
-    length = F.lit(1)
+    terms = [F.lit(1)]
     for k in range(1, 17):
         bound = 2 ** (8 * k - 1)
         if bound >= 10**precision:
             break
         limit = F.lit(Decimal(bound).scaleb(-scale))
-        length = length + F.when((v >= limit) | (v < -limit), 1).otherwise(0)
-    return length
+        terms.append(F.when((v >= limit) | (v < -limit), 1).otherwise(0))
+    return _sum(terms)
 
 
-def _all(checks: Sequence[Any]) -> Any:
-    result = checks[0]
-    for check in checks[1:]:
-        result = result & check
-    return result
+def _balanced(items: Sequence[Any], combine: Any) -> Any:
+    """``items`` combined pairwise as a balanced tree: a chain of dozens of checks or lengths would
+    nest too deep for Spark Connect's plan messages."""
+    if len(items) == 1:
+        return items[0]
+    middle = len(items) // 2
+    return combine(_balanced(items[:middle], combine), _balanced(items[middle:], combine))
+
+
+def _sum(items: Sequence[Any]) -> Any:
+    return _balanced(items, lambda a, b: a + b)
+
+
+def plan_all(checks: Sequence[Any]) -> Any:
+    """Every check holds (a balanced conjunction)."""
+    return _balanced(checks, lambda a, b: a & b)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceflow.avro_records import registry_for
-from onceflow.engine.jvm_avro import WriterPlan, decoded_columns, plan_checks, writer_plans
+from onceflow.engine.jvm_avro import WriterPlan, decoded_columns, plan_all, plan_checks, writer_plans
 from onceflow.executor.arrow_rows import arrow_schema, row_batches
 from onceflow.executor.reading import read_task
 from onceflow.executor.rejected import RAW_COLUMNS, decode_rejected_column, with_dead_letters
@@ -387,9 +387,16 @@ def _avro_checked(records: Any, fmt: AvroFormat, max_record_bytes: int, plans: S
     if not plans:
         raise ValueError("the JVM decodes Avro records only with at least one planned writer schema")
     key, value = F.col("key"), F.col("value")
-    decoded = records.select(*RAW_COLUMNS, *decoded_columns(plans, value, fmt.wire == "plain"))
+    # The checks read each decoded body dozens of times. A column that is not deterministic (the
+    # task's partition), read by the checks, keeps Spark's optimizer from pushing a filter on them
+    # through this step, which would inline (and so repeat) every decode into every check.
+    decoded = records.select(
+        *RAW_COLUMNS,
+        *decoded_columns(plans, value, fmt.wire == "plain"),
+        F.spark_partition_id().alias("_task"),
+    )
     size = F.coalesce(F.octet_length(key), F.lit(0)) + F.coalesce(F.octet_length(value), F.lit(0))
-    checks = [size <= F.lit(max_record_bytes), value.isNotNull()]
+    checks = [F.col("_task") >= 0, size <= F.lit(max_record_bytes), value.isNotNull()]
     if fmt.key_field is not None:
         checks += [key.isNotNull(), F.is_valid_utf8(key)]
     matched = F.lit(False)
@@ -403,9 +410,7 @@ def _avro_checked(records: Any, fmt: AvroFormat, max_record_bytes: int, plans: S
             if not values
             else [before.when(which, v) for before, v in zip(values, plan_values, strict=True)]
         )
-    accepted = matched
-    for check in checks:
-        accepted = accepted & check
+    accepted = plan_all([matched, *checks])
     if fmt.key_field is not None:
         values.append(key.cast("string"))
     meta = [F.col("topic"), F.col("partition"), F.col("offset"), F.col("_timestamp")]

@@ -377,7 +377,8 @@ def test_plain_avro_bodies_decode_alike_with_the_one_writer_schema(
     topic = make_topic("avro-plain", partitions=2)
     good = [body(11, payment(n)) for n in range(1, 12)]
     doubtful = [patched(body(11, payment(20, ok=True)), 0, b"\x01", b"\x02")]
-    bad = [body(11, payment(30))[:25], body(11, payment(31)) + b"\x00", body(12, payment(32)), b""]
+    # (No empty body: fastavro's message for it names an object's address, which differs per process.)
+    bad = [body(11, payment(30))[:25], body(11, payment(31)) + b"\x00", body(12, payment(32))]
     values = [v for pair in zip(good, doubtful + bad + good, strict=False) for v in pair]
     values = list(dict.fromkeys(values))
     _produce(settings.kafka_bootstrap, topic, values, keyed=False)
