@@ -12,17 +12,18 @@ made. Why each check:
 - The body is decoded in the writer's own shape (``from_avro`` with the writer schema, and as reader
   schema the same plus a boolean sentinel field with a default): spark-avro's PERMISSIVE mode turns a
   body that fails into a row of nulls, which only the sentinel tells apart from a record of nulls.
-- Java's decoder ignores bytes after the record, fastavro refuses them; so the length each field's
-  value takes in Avro's shortest encoding is summed and must equal the body's length. Decoded bytes can
-  only be at least that long, so equality proves the body is one record and every field is encoded
-  minimally; the offset of each field follows, and a boolean's byte must be 0 or 1 (Java reads any other
-  byte as false, fastavro as true). A body in a longer (legal) encoding goes to Python: conservative.
+- Java's decoder ignores bytes after the record and reads any boolean byte other than 1 as false;
+  fastavro refuses the first and reads the second as true. So the decoded record is encoded again
+  (``to_avro``, Avro's shortest encoding) and must give the body back byte for byte: the body is then
+  one record, every value in its shortest encoding, every boolean byte 0 or 1. A body in a longer
+  (legal) encoding goes to Python: conservative. One expression does it, where checking each field's
+  length and offset took hundreds and made Spark's generated code too large to compile.
 - Strings must be valid UTF-8 (Java keeps the bytes as they are, fastavro refuses them); a uuid must
   already be in the lowercase canonical form (fastavro rewrites other spellings); timestamps and dates
   must lie within years 1 to 9999 (Python's datetime range); rebasing between calendars is off.
 - A fixed decimal longer than 8 bytes with a precision of 18 or less is truncated by spark-avro to a
   long before its precision is checked: such writer schemas go to Python wholly. A bytes decimal that
-  could be truncated is longer than its value's shortest encoding, so the length check sends it on.
+  could be truncated is longer than its value's shortest encoding, so the round trip sends it on.
 - Resolution from writer to reader is done here, field by field, for the cases where the two decoders
   agree: a reader field with exactly the writer field's type (names, symbols, sizes, logical types and
   their parameters alike), optionally made nullable on either side (a null for a reader field that is
@@ -42,7 +43,6 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 # The options of every JVM decode: nulls (not a failed task) for a body that does not decode, and no
@@ -356,22 +356,26 @@ def decoded_columns(plans: Sequence[WriterPlan], value: Any, plain: bool) -> lis
     return columns
 
 
-def plan_checks(plan: WriterPlan, k: int) -> tuple[Any, list[Any]]:
+def decode_checks(plan: WriterPlan, k: int) -> tuple[Any, list[Any]]:
     """Over the first step's columns: whether plan k decoded the record exactly as fastavro would,
-    and the reader columns' values (null where the check fails)."""
+    and the reader columns' values (null where the check fails).
+
+    The decoded record, encoded again by spark-avro (``to_avro``, Avro's shortest encoding), must be the
+    body itself followed by the sentinel's byte: that one comparison proves the body is one record, in
+    the shortest encoding, with boolean bytes of 0 or 1. What a round trip cannot see is checked per
+    field (`_value_checks`).
+    """
     from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import to_avro
 
     decoded, body = F.col(f"_d{k}"), F.col("_body")
-    checks = [decoded.isNotNull(), decoded[plan.sentinel] == F.lit(True)]
-    lengths: list[Any] = [F.lit(1)]  # the field's start in the body (1-based) is the sum of these
+    proved = decoded[plan.sentinel] == F.lit(True)  # null where the decoder gave up (a null record)
+    encoded = F.when(proved, to_avro(decoded, plan.decode_json))  # lazy: a null record is not encoded
+    checks = [proved, encoded == F.concat(body, F.unhex(F.lit("01")))]
     for field in plan.fields:
         v = decoded[field.name]
-        start = _sum([*lengths, F.lit(1)] if field.nullable else lengths)
-        inner, value_checks = _encoded(field.type, v, body, start)
-        length = F.lit(1) + F.when(v.isNull(), 0).otherwise(inner) if field.nullable else inner
+        value_checks = _value_checks(field.type, v)
         checks += [v.isNull() | check for check in value_checks] if field.nullable else value_checks
-        lengths.append(length)
-    checks.append(_sum(lengths) == F.octet_length(body) + 1)
     values = []
     for column in plan.columns:
         if column.source is None:
@@ -384,66 +388,19 @@ def plan_checks(plan: WriterPlan, k: int) -> tuple[Any, list[Any]]:
     return plan_all(checks), values
 
 
-def _encoded(t: AvroType, v: Any, body: Any, start: Any) -> tuple[Any, list[Any]]:
-    """The shortest encoding's length of value ``v`` of type ``t``, and the checks it must pass."""
+def _value_checks(t: AvroType, v: Any) -> list[Any]:
+    """What a value of type ``t`` must hold besides its encoding: Java keeps a string's bytes as they are
+    (fastavro refuses invalid UTF-8 and rewrites a uuid's other spellings), and Python's datetimes end
+    at years 1 and 9999."""
     from pyspark.sql import functions as F
 
-    if t.base == "boolean":
-        return F.lit(1), [F.hex(body.substr(start, F.lit(1))) == F.when(v, "01").otherwise("00")]
-    if t.base in ("int", "long") and t.logical is None:
-        return _varint_length(v.cast("long")), []
-    if t.logical == "timestamp-millis":
-        micros = F.unix_micros(v)
-        return _varint_length(F.unix_millis(v)), [micros.between(*_MICROS_RANGE)]
-    if t.logical == "timestamp-micros":
-        micros = F.unix_micros(v)
-        return _varint_length(micros), [micros.between(*_MICROS_RANGE)]
+    if t.logical in ("timestamp-millis", "timestamp-micros"):
+        return [F.unix_micros(v).between(*_MICROS_RANGE)]
     if t.logical == "date":
-        days = F.unix_date(v)
-        return _varint_length(days.cast("long")), [days.between(*_DAYS_RANGE)]
-    if t.base == "float":
-        return F.lit(4), []
-    if t.base == "double":
-        return F.lit(8), []
+        return [F.unix_date(v).between(*_DAYS_RANGE)]
     if t.base == "string":
-        size = F.octet_length(v)
-        checks = [F.is_valid_utf8(v)]
-        if t.logical == "uuid":
-            checks.append(v.rlike(_UUID))
-        return _varint_length(size.cast("long")) + size, checks
-    if t.base == "enum":
-        index = F.array_position(F.array(*(F.lit(s) for s in t.symbols)), v) - 1
-        return _varint_length(index), [index >= 0]
-    if t.base == "fixed":
-        return F.lit(t.size), []
-    if t.base == "bytes" and t.logical == "decimal":
-        size = _decimal_bytes(v, t.precision, t.scale)
-        return _varint_length(size.cast("long")) + size, []
-    size = F.octet_length(v)  # bytes
-    return _varint_length(size.cast("long")) + size, []
-
-
-def _varint_length(x: Any) -> Any:
-    """Bytes of Avro's zig-zag varint of the long ``x``: one per started 7 bits of the zig-zag value."""
-    from pyspark.sql import functions as F
-
-    zigzag = F.shiftleft(x, 1).bitwiseXOR(F.shiftright(x, 63))
-    more = [F.when(F.shiftrightunsigned(zigzag, 7 * k) != 0, 1).otherwise(0) for k in range(1, 10)]
-    return _sum([F.lit(1), *more])
-
-
-def _decimal_bytes(v: Any, precision: int, scale: int) -> Any:
-    """Bytes of the shortest two's complement of a decimal's unscaled value (what Java writes)."""
-    from pyspark.sql import functions as F
-
-    terms = [F.lit(1)]
-    for k in range(1, 17):
-        bound = 2 ** (8 * k - 1)
-        if bound >= 10**precision:
-            break
-        limit = F.lit(Decimal(bound).scaleb(-scale))
-        terms.append(F.when((v >= limit) | (v < -limit), 1).otherwise(0))
-    return _sum(terms)
+        return [F.is_valid_utf8(v), v.rlike(_UUID)] if t.logical == "uuid" else [F.is_valid_utf8(v)]
+    return []
 
 
 def _balanced(items: Sequence[Any], combine: Any) -> Any:
@@ -453,10 +410,6 @@ def _balanced(items: Sequence[Any], combine: Any) -> Any:
         return items[0]
     middle = len(items) // 2
     return combine(_balanced(items[:middle], combine), _balanced(items[middle:], combine))
-
-
-def _sum(items: Sequence[Any]) -> Any:
-    return _balanced(items, lambda a, b: a + b)
 
 
 def plan_all(checks: Sequence[Any]) -> Any:

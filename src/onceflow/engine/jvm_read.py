@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceflow.avro_records import registry_for
-from onceflow.engine.jvm_avro import WriterPlan, decoded_columns, plan_all, plan_checks, writer_plans
+from onceflow.engine.jvm_avro import WriterPlan, decode_checks, decoded_columns, plan_all, writer_plans
 from onceflow.executor.arrow_rows import arrow_schema, row_batches
 from onceflow.executor.reading import read_task
 from onceflow.executor.rejected import RAW_COLUMNS, decode_rejected_column, with_dead_letters
@@ -380,7 +380,7 @@ def _avro_checked(records: Any, fmt: AvroFormat, max_record_bytes: int, plans: S
 
     Accepted only if all hold: key plus value within ``max_record_bytes``; a value with a planned
     schema id (or a plain body) that the plan's checks prove decoded as fastavro would
-    (`jvm_avro.plan_checks`); a key that is valid UTF-8 when the format takes it.
+    (`jvm_avro.decode_checks`); a key that is valid UTF-8 when the format takes it.
     """
     from pyspark.sql import functions as F
 
@@ -402,7 +402,7 @@ def _avro_checked(records: Any, fmt: AvroFormat, max_record_bytes: int, plans: S
     matched = F.lit(False)
     values: list[Any] = []
     for k, plan in enumerate(plans):
-        ok, plan_values = plan_checks(plan, k)
+        ok, plan_values = decode_checks(plan, k)
         matched = matched | F.coalesce(ok, F.lit(False))
         which = F.col(f"_d{k}").isNotNull()
         values = (
