@@ -492,6 +492,7 @@ def test_a_decimal_wider_than_its_precision_is_a_dead_letter_not_a_rounded_value
         "malformed_avro: field 'p': the unscaled value has more digits than decimal(5,2) holds"
     )
 
+
 def test_a_folder_lists_a_subjects_versions_oldest_first(registry: FolderSchemaRegistry) -> None:
     versions = registry.versions("orders-value")
     assert [(v.id, v.version) for v in versions] == [(1, 1), (2, 2), (3, 3), (4, 4)]
