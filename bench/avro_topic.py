@@ -37,19 +37,23 @@ def produce_avro(settings: Settings, records: int, workdir: Path) -> AvroTopic:
     folder.mkdir(parents=True)
     reader = folder / "bench-record.avsc"
     reader.write_text(schema, encoding="utf-8")
+    # Registered under the topic's own subject, as a producer with Confluent's default naming does: the
+    # JVM decoder plans the writer schemas of ``<topic>-value`` for a reader schema from a file.
+    topic = f"bench-avro-{uuid.uuid4().hex[:8]}"
     url = settings.schema_registry_url
     if url is not None and url.startswith(("http://", "https://")):
-        schema_id = HttpSchemaRegistry(url).register(f"bench-avro-{uuid.uuid4().hex[:8]}-value", schema)
+        schema_id = HttpSchemaRegistry(url).register(f"{topic}-value", schema)
         shown = f"schema registry {redact.url(url)}"
     else:
         schema_id = 1
-        manifest = {"schemas": [{"id": 1, "subject": "bench-value", "version": 1, "file": reader.name}]}
+        entry = {"id": 1, "subject": f"{topic}-value", "version": 1, "file": reader.name}
+        manifest = {"schemas": [entry]}
         (folder / FolderSchemaRegistry.MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
         settings = dataclasses.replace(settings, schema_registry_url=f"file://{folder.resolve()}")
         shown = "a schema folder (no registry server configured)"
     value = avro_record(schema_id)
     sample = range(0, records, max(1, records // 1000))
     value_bytes = sum(len(value(i)) for i in sample) / max(len(sample), 1)
-    data = produce(settings.kafka_bootstrap, records, "bench-avro", value=value)
+    data = produce(settings.kafka_bootstrap, records, value=value, name=topic)
     fmt = AvroFormat(schema_file=str(reader), wire="registry")
     return AvroTopic(data, fmt, settings, schema_id, shown, value_bytes)

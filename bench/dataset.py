@@ -87,11 +87,12 @@ class Dataset:
         return self.records * RECORD_BYTES
 
 
-def create_topic(bootstrap: str, prefix: str, partitions: int = PARTITIONS) -> str:
-    """A new uniquely named topic, returned once every partition has a leader."""
+def create_topic(bootstrap: str, prefix: str, partitions: int = PARTITIONS, name: str | None = None) -> str:
+    """A new uniquely named topic (``name``, or the prefix and a random suffix), returned once every
+    partition has a leader."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    topic = name or f"{prefix}-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
     deadline = time.monotonic() + 30
@@ -114,12 +115,17 @@ def delete_topics(bootstrap: str, topics: list[str]) -> None:
 
 
 def produce(
-    bootstrap: str, records: int, prefix: str = "bench-in", value: Callable[[int], bytes] = record
+    bootstrap: str,
+    records: int,
+    prefix: str = "bench-in",
+    value: Callable[[int], bytes] = record,
+    name: str | None = None,
 ) -> Dataset:
-    """Create a topic and write records 0..records-1, record i (``value(i)``) to partition i % PARTITIONS."""
+    """Create a topic (see `create_topic`) and write records 0..records-1, record i (``value(i)``) to
+    partition i % PARTITIONS."""
     from confluent_kafka import Producer
 
-    topic = create_topic(bootstrap, prefix)
+    topic = create_topic(bootstrap, prefix, name=name)
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000, "compression.type": "none"}
     )

@@ -1,19 +1,25 @@
 """`python -m bench.jvm_read`: decode time of one slice's read, Python path against JVM path, side by side.
 
-Produces ``--records`` JSON records of about 200 bytes into a fresh topic of 4 partitions, then reads
-and decodes all of them through the Spark Connect server (``ONCEFLOW_SPARK_REMOTE``) once with each
-path of `onceflow.engine.jvm_read`: the Python reader and decoder in every read task, and Spark's
-Kafka source with ``from_json``. Each run does what a slice's step 3 does: decode, collect the dead
-letters, then materialize every column of every row (Spark's ``noop`` sink), so neither path can skip
-work. Writes the figures to ``--out`` (bench/jvm_read.json).
+Produces ``--records`` JSON records of about 200 bytes (``--format avro``: the same fields as Avro in
+the registry's wire format, plus a decimal and a timestamp, about 150 bytes, with their writer schema
+in a folder registry) into a fresh topic of 4 partitions, then reads and decodes all of them through
+the Spark Connect server (``ONCEFLOW_SPARK_REMOTE``) once with each path of `onceflow.engine.jvm_read`:
+the Python reader and decoder in every read task, and Spark's Kafka source with ``from_json`` (or
+``from_avro``). Each run does what a slice's step 3 does: decode, collect the dead letters, then
+materialize every column of every row (Spark's ``noop`` sink), so neither path can skip work. Writes
+the figures to ``--out`` (bench/jvm_read.json, bench/jvm_read_avro.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import io
 import json
 import os
 import platform
+import struct
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -21,10 +27,12 @@ from typing import Any
 
 from onceflow import redact
 from onceflow.config import Settings
+from onceflow.engine.jvm_avro import writer_plans
 from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, python_read, task_kafka_frame
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
-from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.pipeline import AvroFormat, JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.schema_registry import FolderSchemaRegistry
 from onceflow.sources.kafka_planning import ReadTask
 
 PARTITIONS = 4
@@ -53,7 +61,46 @@ def record(n: int) -> bytes:
     return json.dumps(document).encode()
 
 
-def produce(bootstrap: str, topic: str, records: int) -> list[OffsetRange]:
+AVRO_ID = 1
+AVRO_SCHEMA = {
+    "type": "record",
+    "name": "Order",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "amount", "type": "double"},
+        {"name": "customer", "type": "string"},
+        {"name": "country", "type": "string"},
+        {"name": "note", "type": ["null", "string"]},
+        {"name": "ts", "type": "long"},
+        {"name": "vip", "type": "boolean"},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
+
+
+def avro_records() -> Any:
+    """One Avro record maker (registry wire, id `AVRO_ID`): the JSON record's fields and two logical."""
+    import datetime as dt
+    from decimal import Decimal
+
+    from fastavro import parse_schema, schemaless_writer
+
+    parsed = parse_schema(AVRO_SCHEMA)
+    header = b"\x00" + struct.pack(">I", AVRO_ID)
+
+    def make(n: int) -> bytes:
+        document = json.loads(record(n))
+        document["price"] = Decimal(n % 100_000) / 100
+        document["at"] = dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=n)
+        out = io.BytesIO()
+        schemaless_writer(out, parsed, document)
+        return header + out.getvalue()
+
+    return make
+
+
+def produce(bootstrap: str, topic: str, records: int, make: Any = None) -> list[OffsetRange]:
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -63,7 +110,7 @@ def produce(bootstrap: str, topic: str, records: int) -> list[OffsetRange]:
     for n in range(records):
         while True:
             try:
-                producer.produce(topic, value=record(n), partition=n % PARTITIONS)
+                producer.produce(topic, value=(make or record)(n), partition=n % PARTITIONS)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -96,8 +143,11 @@ def timed(build: Any) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--out", default=str(Path(__file__).with_name("jvm_read.json")))
+    parser.add_argument("--format", choices=("json", "avro"), default="json")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    avro = args.format == "avro"
+    out = args.out or str(Path(__file__).with_name("jvm_read_avro.json" if avro else "jvm_read.json"))
     from confluent_kafka.admin import AdminClient
     from pyspark import StorageLevel
     from pyspark.sql import SparkSession
@@ -109,12 +159,24 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("set ONCEFLOW_SPARK_REMOTE: this benchmark runs on a Spark Connect server")
     topic = f"bench-jvm-read-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
-    ranges = produce(bootstrap, topic, args.records)
+    make = avro_records() if avro else record
+    ranges = produce(bootstrap, topic, args.records, make)
     print(f"produced {args.records} records into {topic} in {time.perf_counter() - started:.1f} s")
+    fmt: JsonFormat | AvroFormat = JsonFormat(schema=SCHEMA)
+    plans: list[Any] = []
+    if avro:
+        folder = Path(tempfile.mkdtemp(prefix="bench-jvm-read-"))
+        (folder / "order.avsc").write_text(json.dumps(AVRO_SCHEMA))
+        entry = {"id": AVRO_ID, "subject": "orders-value", "version": 1, "file": "order.avsc"}
+        manifest = {"schemas": [entry]}
+        (folder / "registry.json").write_text(json.dumps(manifest))
+        settings = dataclasses.replace(settings, schema_registry_url=f"file://{folder}")
+        fmt = AvroFormat(subject="orders-value").pin(json.dumps(AVRO_SCHEMA))
+        plans, _ = writer_plans(fmt, FolderSchemaRegistry(folder), [topic])
     spec = Pipeline(
         name="bench-jvm-read",
         source=KafkaSource(topics=(topic,)),
-        format=JsonFormat(schema=SCHEMA),
+        format=fmt,
         sinks=(SinkSpec("unused", "files", {"root": "/tmp/unused", "table": "unused"}),),
     )
     pieces = [piece for r in ranges for piece in r.split(spec.max_records_per_task)]
@@ -129,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             return frame, frame
 
         def jvm() -> tuple[Any, Any]:
-            frame = jvm_read(task_kafka_frame(spark, bootstrap, tasks), ref)[0].persist(
+            frame = jvm_read(task_kafka_frame(spark, bootstrap, tasks), ref, plans)[0].persist(
                 StorageLevel.MEMORY_AND_DISK
             )
             return frame, frame
@@ -140,10 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])
     result = {
+        "format": args.format,
         "records": args.records,
         "partitions": PARTITIONS,
         "read_tasks": len(tasks),
-        "record_bytes": len(record(args.records // 2)),
+        "record_bytes": len(make(args.records // 2)),
         "python_path_s": round(python_s, 2),
         "jvm_path_s": round(jvm_s, 2),
         "python_records_per_s": round(args.records / python_s),
@@ -152,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "spark_remote": redact.url(remote),  # the session token stays out of the committed report
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
 

@@ -484,9 +484,9 @@ def _avro_section(results: dict[str, Any]) -> list[str]:
         "exactly-once files pipeline on each topic (its format the only difference), then Structured "
         "Streaming on each, the Avro one cutting off the 5-byte header and reading the body with "
         "spark-avro's `from_avro`. Ratios are taken within each round; the last row is the median. "
-        "When this step was added, onceflow read JSON on its JVM path (Spark's Kafka source and "
-        "`from_json`) and Avro on its Python path (fastavro in the executors' Python workers); each "
-        "slice's log line names the path it took.",
+        "onceflow reads both on its JVM path: Spark's Kafka source with `from_json`, or with `from_avro` "
+        "and the writer schemas of the topic's subject (`<topic>-value`, where the schema is "
+        "registered); each slice's log line names the path it took.",
         "",
     ]
     for size, found in sorted(avro.items(), key=lambda item: int(item[0])):

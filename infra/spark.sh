@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Local Spark runtime for onceflow, from the pyspark wheel in the virtualenv: a standalone master, two
 # workers (separate processes, loopback) and a Spark Connect server running as an application on them,
-# with Spark's Kafka source on its classpath. Slices sent to it skip the JVM start-up of a spark-submit.
-#   infra/spark.sh jars      resolve the Kafka source for this pyspark version into $ONCEFLOW_CACHE
+# with Spark's Kafka source and Avro functions (spark-avro) on its classpath. Slices sent to it skip the
+# JVM start-up of a spark-submit.
+#   infra/spark.sh jars      resolve the Kafka source and spark-avro for this pyspark version into $ONCEFLOW_CACHE
 #   infra/spark.sh start     start what is not running, wait until the Connect server accepts a session,
 #                            then print ONCEFLOW_SPARK_REMOTE=sc://... on stdout (progress on stderr)
 #   infra/spark.sh env       print ONCEFLOW_SPARK_REMOTE=sc://... (for eval)
@@ -47,7 +48,7 @@ read -r SPARK_VERSION SPARK_HOME < <("$ONCEFLOW_SPARK_PYTHON" -c \
   'import os, pyspark; print(pyspark.__version__, os.path.dirname(pyspark.__file__))') \
   || onceflow_die "pyspark is not installed in $ONCEFLOW_SPARK_PYTHON: run \`make venv\`"
 export SPARK_HOME
-LIBS="$ONCEFLOW_CACHE/spark-kafka-$SPARK_VERSION/jars"
+LIBS="$ONCEFLOW_CACHE/spark-jars-$SPARK_VERSION/jars"
 
 # Every Spark process: loopback only, its configuration, scratch space and logs under $RUN.
 export SPARK_LOCAL_IP="$ONCEFLOW_SPARK_HOST"
@@ -58,11 +59,11 @@ export PYSPARK_PYTHON="$ONCEFLOW_SPARK_PYTHON"
 
 jars() {
   if [ -f "$LIBS/.complete" ]; then
-    onceflow_say "Spark Kafka source for Spark $SPARK_VERSION already in $LIBS"
+    onceflow_say "Spark Kafka source and spark-avro for Spark $SPARK_VERSION already in $LIBS"
     return
   fi
-  command -v mvn >/dev/null || onceflow_die "mvn not found: install Maven (apt-get install maven) to resolve the Spark Kafka source"
-  onceflow_say "resolving the Spark Kafka source (spark-sql-kafka-0-10_2.13 $SPARK_VERSION) from Maven Central into $LIBS"
+  command -v mvn >/dev/null || onceflow_die "mvn not found: install Maven (apt-get install maven) to resolve the Spark Kafka source and spark-avro"
+  onceflow_say "resolving the Spark Kafka source and spark-avro (spark-sql-kafka-0-10_2.13 $SPARK_VERSION, spark-avro_2.13 of its minor line) from Maven Central into $LIBS"
   local resolved="$LIBS.resolving"
   rm -rf "$LIBS" "$resolved"; mkdir -p "$LIBS" "$resolved"
   mvn -q -B -Dstyle.color=never -f "$ONCEFLOW_ROOT/infra/spark/pom.xml" dependency:copy-dependencies \
@@ -77,6 +78,7 @@ jars() {
   done
   rm -rf "$resolved"
   [ -n "$(compgen -G "$LIBS/spark-sql-kafka-0-10_*.jar")" ] || onceflow_die "the Spark Kafka source was not resolved into $LIBS"
+  [ -n "$(compgen -G "$LIBS/spark-avro_*.jar")" ] || onceflow_die "spark-avro was not resolved into $LIBS"
   touch "$LIBS/.complete"
 }
 

@@ -72,6 +72,10 @@ class SchemaRegistry(Protocol):
         """The subject's latest version; `SchemaNotFound` if the subject is unknown."""
         ...
 
+    def versions(self, subject: str) -> list[RegisteredSchema]:
+        """Every version of the subject, oldest first; `SchemaNotFound` if the subject is unknown."""
+        ...
+
 
 class HttpSchemaRegistry:
     """A registry reached over HTTP with the common REST API (stdlib only: it runs in Spark tasks too).
@@ -123,6 +127,22 @@ class HttpSchemaRegistry:
         if not isinstance(answer, list):
             raise RegistryUnavailable(f"schema registry {self.shown}: unexpected answer for its subjects")
         return [str(subject) for subject in answer]
+
+    def versions(self, subject: str) -> list[RegisteredSchema]:
+        quoted = urllib.parse.quote(subject, safe="")
+        listed = self._call("GET", f"/subjects/{quoted}/versions", f"subject {subject!r}")
+        if not isinstance(listed, list) or not all(isinstance(v, int) for v in listed):
+            raise RegistryUnavailable(f"schema registry {self.shown}: unexpected answer for {subject!r}")
+        found = []
+        for version in sorted(listed):
+            answer = self._call("GET", f"/subjects/{quoted}/versions/{version}", f"subject {subject!r}")
+            try:
+                found.append(RegisteredSchema(int(answer["id"]), version, _schema_text(answer, self.shown)))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise RegistryUnavailable(
+                    f"schema registry {self.shown}: unexpected answer for {subject!r}"
+                ) from exc
+        return found
 
     def register(self, subject: str, schema: str) -> int:
         """Register ``schema`` (Avro JSON text) under ``subject``; its id (the same id if already there)."""
@@ -212,6 +232,13 @@ class FolderSchemaRegistry:
             raise SchemaNotFound(f"schema folder {self.folder} has no subject {subject!r}")
         version, schema_id, file = max(versions)
         return RegisteredSchema(schema_id, version, self._read(file))
+
+    def versions(self, subject: str) -> list[RegisteredSchema]:
+        self._entries = self._manifest()
+        found = sorted((v, i, f) for i, s, v, f in self._entries if s == subject)
+        if not found:
+            raise SchemaNotFound(f"schema folder {self.folder} has no subject {subject!r}")
+        return [RegisteredSchema(schema_id, version, self._read(file)) for version, schema_id, file in found]
 
     def _read(self, file: str) -> str:
         try:

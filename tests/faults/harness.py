@@ -333,7 +333,7 @@ def spark_conf_with_kafka(folder: Path) -> Path:
     """A SPARK_CONF_DIR whose defaults put Spark's Kafka source (resolved by `infra/spark.sh jars`) on a
     spark-submit driver's classpath, so that its slices read on the JVM path."""
     cache = Path(os.environ.get("ONCEFLOW_CACHE") or REPO / ".cache")
-    jars = sorted(cache.glob("spark-kafka-*/jars/*.jar"))
+    jars = sorted(cache.glob("spark-jars-*/jars/*.jar"))
     if not jars:
         raise HarnessError(f"no Spark Kafka source under {cache}: run `infra/spark.sh jars`")
     folder.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.ledger import Ledger
 
@@ -14,3 +15,10 @@ def pg_ledger(pg_database: str) -> Ledger:
     ledger = Ledger.connect(pg_database, check=False)
     ledger.upgrade()
     return ledger
+
+
+@pytest.fixture(scope="session")
+def runtime() -> SparkRuntime:
+    """The local warm runtime. Session-scoped, so it is resolved before any test's ``stack`` points
+    ONCEFLOW_HOME at a temporary folder."""
+    return SparkRuntime.from_env()

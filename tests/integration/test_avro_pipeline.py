@@ -1,6 +1,7 @@
 """Avro records in the schema registry wire format, from the real Kafka through epochs of the local
-executor: rows of two writer schema versions, every bad record one dead letter with its code, and a
-registry that does not answer aborting the epoch, whose range the next epoch then delivers.
+executor (and of the warm Spark runtime, whose JVM decodes what it can prove): rows of two writer schema
+versions, every bad record one dead letter with its code, and a registry that does not answer aborting
+the epoch, whose range the next epoch then delivers.
 
 The writer schemas come from a folder (`onceflow.schema_registry.FolderSchemaRegistry`), the registry
 the test can hold still; the HTTP client is the same interface.
@@ -23,6 +24,7 @@ from confluent_kafka import Producer
 from fastavro import parse_schema
 
 from onceflow.config import Settings
+from onceflow.engine.executors import Executor
 from onceflow.engine.runner import ProcessFailed, run_epoch
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
@@ -131,8 +133,15 @@ def registry_settings(tmp_path: Path) -> tuple[Settings, Settings]:
     return down, up
 
 
+@pytest.mark.parametrize("executor", ["local", pytest.param("connect", marks=pytest.mark.slow)])
 def test_avro_orders_of_two_versions_become_rows_and_bad_records_dead_letters(
-    settings: Settings, make_topic: Any, pg_database: str, tmp_path: Path
+    settings: Settings,
+    make_topic: Any,
+    pg_database: str,
+    tmp_path: Path,
+    executor: Executor,
+    request: pytest.FixtureRequest,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     topic = make_topic("avro")
     columns = {"id": "bigint", "amount": "numeric(9,2)", "at": "timestamptz", "coupon": "text"}
@@ -157,9 +166,16 @@ def test_avro_orders_of_two_versions_become_rows_and_bad_records_dead_letters(
         producer.produce(topic, key=code.encode(), value=value)
     producer.flush(30)
 
+    remote = None
+    if executor == "connect":  # the warm runtime, started if it is not running (and left running)
+        remote = request.getfixturevalue("runtime").start()
+
+    def epoch(on: Settings) -> Any:
+        return run_epoch(f"{__name__}:PIPELINE", on, executor=executor, spark_remote_url=remote)
+
     # The subject's schema cannot be pinned while the registry is down: the epoch aborts, in one line.
     with pytest.raises(ProcessFailed) as failed:
-        run_epoch(f"{__name__}:PIPELINE", down, executor="local")
+        epoch(down)
     assert "schema registry http://u:***@127.0.0.1:" in str(failed.value)
     assert "is unreachable for subject 'orders-value'" in str(failed.value)
     with Ledger.connect(up.ledger_url) as ledger:
@@ -168,8 +184,11 @@ def test_avro_orders_of_two_versions_become_rows_and_bad_records_dead_letters(
         assert "unreachable" in (aborted.abort_reason or "") and ":pw@" not in (aborted.abort_reason or "")
         assert ledger.dead_letters(name) == []
 
-    outcome = run_epoch(f"{__name__}:PIPELINE", up, executor="local")  # replays the aborted range
+    outcome = epoch(up)  # replays the aborted range
     assert outcome.epoch.status == EpochStatus.COMMITTED and outcome.epoch.number == 2
+    if executor == "connect":  # version 2 is decoded in the JVM; version 1 (a promoted id) in Python
+        path = "jvm read path (Spark's Kafka source and from_avro (1 writer schemas))"
+        assert path in capfd.readouterr().err
     table = read_committed_table(files, "orders").sort_by("id")
     assert table.column("id").to_pylist() == list(range(10))
     assert table.column("amount").to_pylist() == [decimal.Decimal(i) / 4 for i in range(10)]

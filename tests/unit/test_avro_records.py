@@ -290,6 +290,9 @@ class CountingRegistry:
     def latest(self, subject: str) -> RegisteredSchema:
         return self.inner.latest(subject)
 
+    def versions(self, subject: str) -> list[RegisteredSchema]:
+        return self.inner.versions(subject)
+
 
 def test_writer_schemas_are_looked_up_once_per_process(
     tmp_path: Path, registry: FolderSchemaRegistry
@@ -488,3 +491,11 @@ def test_a_decimal_wider_than_its_precision_is_a_dead_letter_not_a_rounded_value
     assert reason(decode(fmt, None, _bytes_field(123456789))) == (
         "malformed_avro: field 'p': the unscaled value has more digits than decimal(5,2) holds"
     )
+
+
+def test_a_folder_lists_a_subjects_versions_oldest_first(registry: FolderSchemaRegistry) -> None:
+    versions = registry.versions("orders-value")
+    assert [(v.id, v.version) for v in versions] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    assert json.loads(versions[1].schema) == ORDER_V2
+    with pytest.raises(SchemaNotFound):
+        registry.versions("nobody")

@@ -54,6 +54,12 @@ class Stub(BaseHTTPRequestHandler):
             self._answer(200, ["orders/value"])
         elif self.path == "/other/subjects":  # a server that answers, but not as a registry does
             self._answer(200, {"subjects": []})
+        elif self.path == "/api/subjects/orders%2Fvalue/versions":
+            self._answer(200, [3, 1])
+        elif self.path == "/api/subjects/orders%2Fvalue/versions/1":
+            self._answer(200, {"subject": "orders/value", "version": 1, "id": 2, "schema": SCHEMA})
+        elif self.path == "/api/subjects/orders%2Fvalue/versions/3":
+            self._answer(200, {"subject": "orders/value", "version": 3, "id": 5, "schema": SCHEMA})
         elif self.path == "/api/schemas/ids/500":
             self._answer(500, {"error_code": 50001, "message": "storage\nfailed"})
         elif self.path.startswith("/api/"):
@@ -97,6 +103,18 @@ def test_the_client_reads_by_id_and_latest_and_registers(server: str) -> None:
             {"schema": SCHEMA},
         ),
     ]
+
+
+def test_a_subjects_versions_are_listed_oldest_first_with_their_ids(server: str) -> None:
+    client = HttpSchemaRegistry(f"http://{server}/api")
+    assert [(v.id, v.version) for v in client.versions("orders/value")] == [(2, 1), (5, 3)]
+    assert [path for _, path, _, _ in Stub.seen] == [
+        "/api/subjects/orders%2Fvalue/versions",
+        "/api/subjects/orders%2Fvalue/versions/1",
+        "/api/subjects/orders%2Fvalue/versions/3",
+    ]
+    with pytest.raises(SchemaNotFound):
+        client.versions("nobody")
 
 
 def test_unknown_ids_are_not_found_and_server_errors_are_unavailable_in_one_line(server: str) -> None:

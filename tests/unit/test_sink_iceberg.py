@@ -298,10 +298,13 @@ def test_arrow_batches_stage_what_their_rows_would(config: dict[str, Any]) -> No
     ]
 
 
-def test_avro_timestamps_and_dates_become_iceberg_columns_and_decimals_are_refused(
+def test_avro_timestamps_dates_and_decimals_become_iceberg_columns(
     config: dict[str, Any], tmp_path: Path
 ) -> None:
     import json
+    from decimal import Decimal
+
+    import pyarrow as pa
 
     from onceflow.pipeline import AvroFormat
 
@@ -327,11 +330,26 @@ def test_avro_timestamps_and_dates_become_iceberg_columns_and_decimals_are_refus
     iceberg.plan_checks(spec, [sink], 1)
     types = {f.name: str(f.field_type) for f in _table(sink).schema().fields}
     assert (types["at"], types["day"], types["n"]) == ("timestamptz", "date", "long")
-    spec, sink = avro_spec(
-        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9}}
-    )
-    with pytest.raises(ConfigError, match=r"\['amount \(decimal\(9,0\)\)'\] have no Iceberg type"):
-        iceberg.plan_checks(spec, [sink], 1)
+    price = {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}
+    spec, sink = avro_spec({"name": "amount", "type": price})
+    iceberg.plan_checks(spec, [sink], 1)
+    assert str(_table(sink).schema().find_field("amount").field_type) == "decimal(12, 2)"
+    # The decoded rows reach the writer as Arrow decimal128(12, 2) (Spark's decimal(12,2)), or as rows.
+    writer = iceberg.IcebergWriter(sink)
+    writer.begin(TaskContext(PIPELINE, 1, 0, "s0-t0", "0", "lake"))
+    amounts = pa.array([Decimal("-9999999999.99"), Decimal("0.01")], pa.decimal128(12, 2))
+    writer.write_batch(pa.record_batch({"amount": amounts}))
+    writer.write([{"amount": Decimal("12.5")}])
+    iceberg.IcebergCommitter(sink).commit([writer.pre_commit()])
+    written = [r["amount"] for r in _table(sink).scan().to_arrow().to_pylist()]
+    assert sorted(written) == [Decimal("-9999999999.99"), Decimal("0.01"), Decimal("12.50")]
+    # Declared the same way; a precision Iceberg cannot hold is one line.
+    declared = {**config, "table": "web.declared", "columns": {"user": "string", "n": "decimal(38, 0)"}}
+    iceberg.plan_checks(_spec(declared), [declared], 1)
+    assert str(_table(declared).schema().find_field("n").field_type) == "decimal(38, 0)"
+    too_wide = {**declared, "table": "web.too_wide", "columns": {"n": "decimal(39,2)"}}
+    with pytest.raises(ConfigError, match=r"column type 'decimal\(39,2\)': precision 1..38"):
+        iceberg.plan_checks(_spec(too_wide), [too_wide], 1)
 
 
 def test_an_avro_subjects_table_takes_the_first_rows_columns(config: dict[str, Any]) -> None:

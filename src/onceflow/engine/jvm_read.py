@@ -9,16 +9,18 @@ each later step is narrow, so the task that reads a range also writes it, in sou
 - **jvm**: one Spark Kafka batch read per read task, exactly its ``[from, until)`` (``read_committed``;
   ``failOnDataLoss`` on, which still skips transaction markers and aborted records but fails when
   retention deleted offsets of the range), the reads put end to end (a union keeps each one's single
-  partition, in task order), JSON decoded by ``from_json`` with the declared schema. A record becomes
-  a row in the JVM only when every check of `_accepted` passes; every other record crosses to Python in
-  the same task (an Arrow UDF over `onceflow.executor.rejected`), where `RowDecoder` gives it its row or
-  its dead letter with the reason, in its place. The checks are conservative: a good record may go to
-  Python, but the JVM never accepts a record that Python would reject, nor gives a value Python would
-  not.
+  partition, in task order), JSON decoded by ``from_json`` with the declared schema, Avro by
+  spark-avro's ``from_avro`` with the writer schemas the driver planned (`onceflow.engine.jvm_avro`). A
+  record becomes a row in the JVM only when every check (`_accepted`, `_avro_checked`) passes; every
+  other record crosses to Python in the same task (an Arrow UDF over `onceflow.executor.rejected`), where
+  `RowDecoder` gives it its row or its dead letter with the reason, in its place. The checks are
+  conservative: a good record may go to Python, but the JVM never accepts a record that Python would
+  reject, nor gives a value Python would not.
 - **python**: every read task reads its range with the Python reader (`read_task`) and decodes there.
   Used when a fault plan is armed (crash and pause points such as ``task_mid_read`` live in the Python
   reader), when the session cannot load Spark's Kafka source (a spark-submit driver without its jar),
-  and for a schema whose field names contain the control character the JVM checks reserve.
+  for a schema whose field names contain the control character the JVM checks reserve, and for Avro
+  when the session has no spark-avro or no writer schema of the slice can be decoded in the JVM.
 
 Nothing here caches or counts: the read runs inside the slice's write job.
 """
@@ -31,6 +33,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from onceflow.avro_records import registry_for
+from onceflow.engine.jvm_avro import WriterPlan, decode_checks, decoded_columns, plan_all, writer_plans
 from onceflow.executor.arrow_rows import arrow_schema, row_batches
 from onceflow.executor.reading import read_task
 from onceflow.executor.rejected import RAW_COLUMNS, decode_rejected_column, with_dead_letters
@@ -79,24 +83,35 @@ class DecodedRead:
 def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> DecodedRead:
     """The slice's records, rows and dead letters together, one Spark partition per read task.
 
-    The path rule: Python when a fault plan is armed, a schema name holds the reserved character or the
-    records are Avro, else the JVM, unless the session has no Kafka source (then Python, and the reason
-    says so).
+    The path rule: Python when a fault plan is armed, a schema name holds the reserved character, or
+    the records are Avro of which no writer schema can be decoded in the JVM; else the JVM, unless the
+    session has no Kafka source, or no spark-avro for Avro (then Python, and the reason says so).
     """
     fmt = ref.pipeline.format
     reason = None
+    plans: list[WriterPlan] = []
     if plan_armed():  # crash and pause points sit in the Python reader
         reason = "a fault plan is armed"
     elif isinstance(fmt, JsonFormat) and any(_SENTINEL in name for name, _, _ in row_columns(fmt)):
         reason = "a schema field name holds U+0001"
     elif isinstance(fmt, AvroFormat):
-        reason = "Avro records are decoded by the Python reader (fastavro)"
-    else:
+        registry = registry_for(ref.settings.schema_registry_url) if fmt.wire == "registry" else None
+        topics = sorted({r.topic for r in ref.slice_ranges})
+        plans, notes = writer_plans(fmt, registry, topics)
+        if not plans:
+            why = f": {notes[0]}" if notes else ""
+            reason = f"no writer schema of the Avro records can be decoded in the JVM{why}"
+    if reason is None:
         slice_ranges(ref, tasks)  # the tasks cover exactly the slice's ranges
         kafka, reason = kafka_source_missing(lambda: task_kafka_frame(spark, ref.bootstrap, tasks))
-        if reason is None:
+        if reason is None and not isinstance(fmt, AvroFormat):
             frame, _ = jvm_read(kafka, ref)
             return DecodedRead(frame, JVM, "Spark's Kafka source and from_json")
+        if reason is None:
+            read, reason = avro_functions_missing(lambda: jvm_read(kafka, ref, plans)[0])
+            if reason is None:
+                how = f"Spark's Kafka source and from_avro ({len(plans)} writer schemas)"
+                return DecodedRead(read, JVM, how)
     return DecodedRead(python_read(spark, ref, tasks), PYTHON, reason)
 
 
@@ -208,14 +223,32 @@ def kafka_source_missing(load: Callable[[], Any]) -> tuple[Any, str | None]:
     return kafka, None
 
 
-def jvm_read(kafka: Any, ref: SliceRef) -> tuple[Any, Any]:
+def avro_functions_missing(build: Callable[[], Any]) -> tuple[Any, str | None]:
+    """The frame ``build`` makes, and None; or None and why the session has no spark-avro.
+
+    A classic session fails while building ``from_avro`` without the jar, a Spark Connect server when
+    it resolves the plan; any other failure is the slice's.
+    """
+    try:
+        frame = build()
+        frame.schema  # noqa: B018 - resolves the plan (on the server, for Spark Connect)
+    except Exception as exc:
+        text = str(exc)
+        if "'JavaPackage' object is not callable" in text or "AVRO_NOT_LOADED" in text:
+            return None, "this Spark session has no spark-avro (from_avro) on its classpath"
+        raise
+    return frame, None
+
+
+def jvm_read(kafka: Any, ref: SliceRef, plans: Sequence[WriterPlan] = ()) -> tuple[Any, Any]:
     """The JVM path over a Kafka batch read: rows decoded by Spark, the rest decoded in Python, each
     record in its place.
 
     Returns the decoded frame and the checked records it derives from (``_accepted`` tells which
-    records the JVM decoded itself). Every step is a projection, so each partition keeps its records'
-    order: a doubtful record goes to a Python UDF whose input is null on every accepted record (the
-    cheap case of a batch without doubtful records), and comes back as its row or its dead letter.
+    records the JVM decoded itself; ``plans`` are an Avro format's writer schemas to decode). Every
+    step is a projection, so each partition keeps its records' order: a doubtful record goes to a
+    Python UDF whose input is null on every accepted record (the cheap case of a batch without doubtful
+    records), and comes back as its row or its dead letter.
     """
     from pyspark.sql import functions as F
 
@@ -224,8 +257,11 @@ def jvm_read(kafka: Any, ref: SliceRef) -> tuple[Any, Any]:
     records = kafka.select(
         "topic", "partition", "offset", timestamp.alias("_timestamp"), "key", "value", "headers"
     )
-    accepted, values = _accepted(spec.format, spec.max_record_bytes)
-    checked = records.select(*RAW_COLUMNS, F.coalesce(accepted, F.lit(False)).alias("_accepted"), *values)
+    if isinstance(spec.format, AvroFormat):
+        checked = _avro_checked(records, spec.format, spec.max_record_bytes, plans)
+    else:
+        accepted, values = _accepted(spec.format, spec.max_record_bytes)
+        checked = records.select(*RAW_COLUMNS, F.coalesce(accepted, F.lit(False)).alias("_accepted"), *values)
     schema = decoded_schema(ref)
     doubtful = F.when(~F.col("_accepted"), F.struct(*RAW_COLUMNS))
     # A column of its own, so the UDF runs once per record whatever reads its result below.
@@ -336,3 +372,50 @@ def _accepted(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
     for check in checks[1:]:
         accepted = accepted & check
     return accepted, [c.alias(f"_v{i}") for i, c in enumerate([*values, *meta])]
+
+
+def _avro_checked(records: Any, fmt: AvroFormat, max_record_bytes: int, plans: Sequence[WriterPlan]) -> Any:
+    """`RAW_COLUMNS`, ``_accepted`` and the row's values (``_v0``, ...) of Avro records, in two steps:
+    each body decoded once by the plan of its schema id (`jvm_avro.decoded_columns`), then checked.
+
+    Accepted only if all hold: key plus value within ``max_record_bytes``; a value with a planned
+    schema id (or a plain body) that the plan's checks prove decoded as fastavro would
+    (`jvm_avro.decode_checks`); a key that is valid UTF-8 when the format takes it.
+    """
+    from pyspark.sql import functions as F
+
+    if not plans:
+        raise ValueError("the JVM decodes Avro records only with at least one planned writer schema")
+    key, value = F.col("key"), F.col("value")
+    # The checks read each decoded body dozens of times. A column that is not deterministic (the
+    # task's partition), read by the checks, keeps Spark's optimizer from pushing a filter on them
+    # through this step, which would inline (and so repeat) every decode into every check.
+    decoded = records.select(
+        *RAW_COLUMNS,
+        *decoded_columns(plans, value, fmt.wire == "plain"),
+        F.spark_partition_id().alias("_task"),
+    )
+    size = F.coalesce(F.octet_length(key), F.lit(0)) + F.coalesce(F.octet_length(value), F.lit(0))
+    checks = [F.col("_task") >= 0, size <= F.lit(max_record_bytes), value.isNotNull()]
+    if fmt.key_field is not None:
+        checks += [key.isNotNull(), F.is_valid_utf8(key)]
+    matched = F.lit(False)
+    values: list[Any] = []
+    for k, plan in enumerate(plans):
+        ok, plan_values = decode_checks(plan, k)
+        matched = matched | F.coalesce(ok, F.lit(False))
+        which = F.col(f"_d{k}").isNotNull()
+        values = (
+            [F.when(which, v) for v in plan_values]
+            if not values
+            else [before.when(which, v) for before, v in zip(values, plan_values, strict=True)]
+        )
+    accepted = plan_all([matched, *checks])
+    if fmt.key_field is not None:
+        values.append(key.cast("string"))
+    meta = [F.col("topic"), F.col("partition"), F.col("offset"), F.col("_timestamp")]
+    return decoded.select(
+        *RAW_COLUMNS,
+        F.coalesce(accepted, F.lit(False)).alias("_accepted"),
+        *(c.alias(f"_v{i}") for i, c in enumerate([*values, *meta])),
+    )

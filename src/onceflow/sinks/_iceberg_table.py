@@ -8,6 +8,7 @@ properties, so the tasks of one Python worker open the catalog's database once.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,8 @@ ROW_TYPES: dict[str, str] = {
     "timestamp": "timestamptz",  # Avro's timestamps are instants (UTC)
     "date": "date",
 }
+# A decimal column, declared or decoded (Avro's decimal logical type): ``decimal(precision, scale)``.
+_DECIMAL = re.compile(r"decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)\Z")
 
 _catalogs: dict[tuple[tuple[str, str], ...], Any] = {}
 _lock = threading.Lock()
@@ -101,13 +104,25 @@ def load(cat: Catalog, table: str) -> Table | None:
         return None
 
 
+def row_type(type_name: str) -> str | None:
+    """The Iceberg column type of a decoded row type (`onceflow.records.row_columns`), or None."""
+    return type_name if _DECIMAL.match(type_name) else ROW_TYPES.get(type_name)
+
+
 def iceberg_type(name: str, where: str) -> Any:
-    """The pyiceberg type for a declared column type name (e.g. ``long``, ``int64``, ``timestamp``)."""
+    """The pyiceberg type for a declared column type name (e.g. ``long``, ``int64``, ``timestamp``,
+    ``decimal(12,2)``)."""
     from pyiceberg import types as T
 
+    decimal = _DECIMAL.match(name.strip().lower())
+    if decimal is not None:
+        precision, scale = int(decimal[1]), int(decimal[2])
+        if not 1 <= precision <= 38 or scale > precision:
+            raise ConfigError(f"{where}: column type {name!r}: precision 1..38, scale <= precision")
+        return T.DecimalType(precision, scale)
     found = TYPE_NAMES.get(name.strip().lower())
     if found is None:
-        known = ", ".join(sorted(set(TYPE_NAMES)))
+        known = ", ".join([*sorted(set(TYPE_NAMES)), "decimal(p,s)"])
         raise ConfigError(f"{where}: unknown column type {name!r}; known: {known}")
     return {
         "string": T.StringType(),

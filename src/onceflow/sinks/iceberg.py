@@ -187,6 +187,8 @@ def _arrow_columns(schema: Any, where: str) -> list[tuple[str, str]]:
             name = "date"
         elif pa.types.is_timestamp(t):
             name = "timestamptz" if t.tz else "timestamp"
+        elif pa.types.is_decimal(t) and t.precision <= 38:
+            name = f"decimal({t.precision},{t.scale})"
         elif pa.types.is_null(t):
             raise RowError(
                 f"{where}: column {field.name!r} is null in every row, so its type is unknown; "
@@ -589,13 +591,13 @@ def wanted_columns(spec: Pipeline, config: IcebergConfig) -> list[tuple[str, str
 
         columns = row_columns(spec.format)
         unmapped = [
-            f"{name} ({type_name})" for name, type_name, _ in columns if type_name not in tables.ROW_TYPES
+            f"{name} ({type_name})" for name, type_name, _ in columns if tables.row_type(type_name) is None
         ]
         if unmapped:
             raise ConfigError(
                 f"{config.where}: the decoded rows' columns {unmapped} have no Iceberg type in this sink yet"
             )
-        return [(name, tables.ROW_TYPES[type_name]) for name, type_name, _ in columns]
+        return [(name, str(tables.row_type(type_name))) for name, type_name, _ in columns]
     return None
 
 
@@ -654,7 +656,7 @@ SINK_KIND = SinkKind(
             "columns",
             "columns",
             "the table's columns, `{name: type}` (`string`, `long`, `int`, `double`, `boolean`, `date`, "
-            "`timestamp`, … or Arrow names such as `int64`); all nullable",
+            "`timestamp`, `decimal(p,s)`, … or Arrow names such as `int64`); all nullable",
             default_from="the decoded rows without a transform, else the first rows written",
         ),
         SinkSetting(

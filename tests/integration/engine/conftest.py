@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from onceflow.engine.slice_job import SLICE_SQL_CONF
+from onceflow.engine.submit import CONNECT_MODE_ENV
 from onceflow.ledger import Ledger
+
+REMOTE = os.environ.get("ONCEFLOW_SPARK_REMOTE", "sc://127.0.0.1:15002")
 
 
 @pytest.fixture
@@ -32,3 +41,52 @@ def stack(settings, make_topic, pg_connect, tmp_path, monkeypatch):  # type: ign
     ledger.close()
     yield env
     pg_connect(autocommit=True).execute(f"DROP TABLE IF EXISTS {env['ONCEFLOW_TEST_TABLE']}")
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _classic_session() -> Any:
+    """A classic local session with Spark's Kafka source and spark-avro (resolved by `infra/spark.sh
+    jars`)."""
+    from pyspark.sql import SparkSession
+
+    cache = Path(os.environ.get("ONCEFLOW_CACHE") or REPO / ".cache")
+    jars = sorted(cache.glob("spark-jars-*/jars/*.jar"))
+    assert jars, f"no Spark Kafka source under {cache}: run `infra/spark.sh jars`"
+    builder = SparkSession.builder.master("local[2]").appName("onceflow-conformance")
+    for key, value in {**SLICE_SQL_CONF, "spark.ui.enabled": "false"}.items():
+        builder = builder.config(key, value)
+    builder = builder.config("spark.pyspark.python", sys.executable)
+    return builder.config("spark.jars", ",".join(str(j) for j in jars)).getOrCreate()
+
+
+@pytest.fixture(scope="module", params=["classic", "connect"])
+def spark(request) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    """The read-path conformance tests' sessions: a classic one with the jars on its classpath, as a
+    spark-submit driver has them, and the warm Spark Connect server."""
+    if request.param == "classic":
+        # pyspark picks Spark Connect's column and function classes while this is set (by any earlier
+        # remote session of this process): a classic session needs it unset while it runs.
+        with pytest.MonkeyPatch.context() as patch:
+            for name in CONNECT_MODE_ENV:
+                patch.delenv(name, raising=False)
+            session = _classic_session()
+            yield session
+            session.stop()
+        return
+    host, _, port = REMOTE.removeprefix("sc://").split("/", 1)[0].partition(":")
+    with socket.socket() as probe:
+        probe.settimeout(2)
+        if probe.connect_ex((host, int(port or 15002))) != 0:
+            # An integration test never skips: a skipped conformance test would prove nothing.
+            pytest.fail(
+                f"no Spark Connect server at {host}:{port}: run the suite with `make test`, or start it with "
+                "`infra/spark.sh start`",
+                pytrace=False,
+            )
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.builder.remote(REMOTE).create()
+    yield session
+    session.stop()

@@ -38,13 +38,6 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")
-def runtime() -> SparkRuntime:
-    """The local warm runtime. Session-scoped, so it is resolved before any test's ``stack`` points
-    ONCEFLOW_HOME at a temporary folder."""
-    return SparkRuntime.from_env()
-
-
-@pytest.fixture(scope="session")
 def spark_remote_url(runtime: SparkRuntime) -> str:
     """The local Spark Connect server, started if it is not running (and left running afterwards)."""
     return runtime.start()

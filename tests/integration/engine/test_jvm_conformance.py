@@ -14,12 +14,7 @@ order.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,8 +29,6 @@ from onceflow.engine.jvm_read import (
     kafka_source_missing,
     task_kafka_frame,
 )
-from onceflow.engine.slice_job import SLICE_SQL_CONF
-from onceflow.engine.submit import CONNECT_MODE_ENV
 from onceflow.executor.reading import read_task, split
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
@@ -45,7 +38,6 @@ from onceflow.sources.kafka_planning import ReadTask
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REMOTE = os.environ.get("ONCEFLOW_SPARK_REMOTE", "sc://127.0.0.1:15002")
 MAX_BYTES = 400
 SCHEMA = {
     "s": "string",
@@ -209,52 +201,6 @@ def _pipeline(topic: str, tmp: str, fmt: JsonFormat = FORMATS["all_types"]) -> P
 def _tasks(spec: Pipeline, ranges: list[OffsetRange]) -> list[ReadTask]:
     pieces = [piece for r in ranges for piece in r.split(spec.max_records_per_task)]
     return [ReadTask(f"t{n}", 0, piece) for n, piece in enumerate(pieces)]
-
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _classic_session() -> Any:
-    """A classic local session with Spark's Kafka source (resolved by `infra/spark.sh jars`)."""
-    from pyspark.sql import SparkSession
-
-    cache = Path(os.environ.get("ONCEFLOW_CACHE") or REPO / ".cache")
-    jars = sorted(cache.glob("spark-kafka-*/jars/*.jar"))
-    assert jars, f"no Spark Kafka source under {cache}: run `infra/spark.sh jars`"
-    builder = SparkSession.builder.master("local[2]").appName("onceflow-conformance")
-    for key, value in {**SLICE_SQL_CONF, "spark.ui.enabled": "false"}.items():
-        builder = builder.config(key, value)
-    builder = builder.config("spark.pyspark.python", sys.executable)
-    return builder.config("spark.jars", ",".join(str(j) for j in jars)).getOrCreate()
-
-
-@pytest.fixture(scope="module", params=["classic", "connect"])
-def spark(request) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    if request.param == "classic":
-        # pyspark picks Spark Connect's column and function classes while this is set (by any earlier
-        # remote session of this process): a classic session needs it unset while it runs.
-        with pytest.MonkeyPatch.context() as patch:
-            for name in CONNECT_MODE_ENV:
-                patch.delenv(name, raising=False)
-            session = _classic_session()
-            yield session
-            session.stop()
-        return
-    host, _, port = REMOTE.removeprefix("sc://").split("/", 1)[0].partition(":")
-    with socket.socket() as probe:
-        probe.settimeout(2)
-        if probe.connect_ex((host, int(port or 15002))) != 0:
-            # An integration test never skips: a skipped conformance test would prove nothing.
-            pytest.fail(
-                f"no Spark Connect server at {host}:{port}: run the suite with `make test`, or start it with "
-                "`infra/spark.sh start`",
-                pytrace=False,
-            )
-    from pyspark.sql import SparkSession
-
-    session = SparkSession.builder.remote(REMOTE).create()
-    yield session
-    session.stop()
 
 
 def _in_offset_order(got: list[Any], offset_at: int) -> list[str]:
