@@ -43,6 +43,12 @@ def _enriched_ids(settings, stack) -> list[int]:
     return sorted(json.loads(v)["order_id"] for v in read_topic(settings.kafka_bootstrap, stack.enriched))
 
 
+def _last_line(lines: list[str]) -> str:
+    """The last line, without Airflow's timestamp, level and logger decoration."""
+    assert lines, "no output"
+    return lines[-1].split("onceflow: ", 1)[-1].split(" [airflow.", 1)[0].strip()
+
+
 def test_clear_commit_after_outage_clear_abort_and_dry_run(orders_stack, settings) -> None:
     stack = orders_stack
     first = make_orders(0, 60)
@@ -60,14 +66,20 @@ def test_clear_commit_after_outage_clear_abort_and_dry_run(orders_stack, setting
     _task(stack, "commit", run1)
     assert epochs(stack.ledger_url, stack.pipeline)[0].status is EpochStatus.COMMITTING
 
-    # Clearing abort now is refused: the decision is durable.
-    lines = _task(stack, "abort", run1)
-    assert any(line.startswith("abort refused") for line in lines), lines
+    # Clearing abort now is refused: the decision is durable. `airflow tasks test` exits 0 whatever
+    # the task did, so a refused task exits 3 and Airflow records it failed: it must not look done.
+    code, lines = task_test(stack.env, DAG, "abort", run1)
+    print("\n".join(lines[-40:]))  # shown by pytest when the test fails
+    assert code == 3, lines[-40:]
+    assert _last_line(lines).startswith("abort refused: cannot abort epoch 1 "), lines[-5:]
+    assert "it is COMMITTING" in _last_line(lines)
+    assert task_state(stack.env, DAG, "abort", run1) == "failed"
     assert epochs(stack.ledger_url, stack.pipeline)[0].status is EpochStatus.COMMITTING
 
     # The database is back: clearing commit finishes the decided commit.
     stack.set_database_online(settings.pg_dsn, True)
-    lines = _task(stack, "commit", run1)
+    code, lines = task_test(stack.env, DAG, "commit", run1)
+    assert code == 0, lines[-40:]
     assert any("decision to commit is durable" in line for line in lines), lines
     assert epochs(stack.ledger_url, stack.pipeline)[0].status is EpochStatus.COMMITTED
     assert stack.order_ids() == first.valid
@@ -83,6 +95,11 @@ def test_clear_commit_after_outage_clear_abort_and_dry_run(orders_stack, setting
     run2 = run_id_of(dags_test(stack.env, DAG, mark_success=UP_TO_PRECOMMIT))
     lines = _task(stack, "abort", run2)
     assert any("rolled back" in line for line in lines), lines
+    # Committing the aborted epoch is refused in turn.
+    code, lines = task_test(stack.env, DAG, "commit", run2)
+    assert code == 3, lines[-40:]
+    assert _last_line(lines).startswith("commit refused: cannot commit epoch 2 "), lines[-5:]
+    assert "it is ABORTED" in _last_line(lines)
     assert [e.status for e in epochs(stack.ledger_url, stack.pipeline)] == [
         EpochStatus.COMMITTED,
         EpochStatus.ABORTED,
@@ -100,45 +117,6 @@ def test_clear_commit_after_outage_clear_abort_and_dry_run(orders_stack, setting
     assert _enriched_ids(settings, stack) == first.valid + second.valid
     rejected = stack.pg_rows(f"SELECT order_id, reason FROM {stack.rejected_table} ORDER BY 1")
     assert {int(i): r.split(":")[0] for i, r in rejected} == {**first.rejected, **second.rejected}  # type: ignore[call-overload]
-
-
-def _last_line(lines: list[str]) -> str:
-    """The last line, without Airflow's timestamp, level and logger decoration."""
-    assert lines, "no output"
-    return lines[-1].split("onceflow: ", 1)[-1].split(" [airflow.", 1)[0].strip()
-
-
-def test_a_refused_task_fails_and_airflow_tasks_test_exits_3(orders_stack, settings) -> None:
-    """`airflow tasks test` exits 0 whatever the task did; a refused abort or commit must not look done."""
-    stack = orders_stack
-    produce(settings.kafka_bootstrap, stack.topic, make_orders(0, 20).records)
-    run1 = run_id_of(dags_test(stack.env, DAG, mark_success=UP_TO_PRECOMMIT))
-    code, lines = task_test(stack.env, DAG, "commit", run1)
-    assert code == 0, lines[-40:]
-    assert epochs(stack.ledger_url, stack.pipeline)[0].status is EpochStatus.COMMITTED
-
-    code, lines = task_test(stack.env, DAG, "abort", run1)
-    print("\n".join(lines[-40:]))  # shown by pytest when the test fails
-    assert code == 3, lines[-40:]
-    assert _last_line(lines).startswith("abort refused: cannot abort epoch 1 "), lines[-5:]
-    assert "it is COMMITTED" in _last_line(lines)
-    assert task_state(stack.env, DAG, "abort", run1) == "failed"
-    assert epochs(stack.ledger_url, stack.pipeline)[0].status is EpochStatus.COMMITTED
-
-    produce(settings.kafka_bootstrap, stack.topic, make_orders(100, 20).records)
-    run2 = run_id_of(dags_test(stack.env, DAG, mark_success=UP_TO_PRECOMMIT))
-    code, lines = task_test(stack.env, DAG, "abort", run2)
-    assert code == 0, lines[-40:]
-    assert epochs(stack.ledger_url, stack.pipeline)[1].status is EpochStatus.ABORTED
-    code, lines = task_test(stack.env, DAG, "commit", run2)
-    assert code == 3, lines[-40:]
-    assert _last_line(lines).startswith("commit refused: cannot commit epoch 2 "), lines[-5:]
-    assert "it is ABORTED" in _last_line(lines)
-    assert task_state(stack.env, DAG, "commit", run2) == "failed"
-    assert [e.status for e in epochs(stack.ledger_url, stack.pipeline)] == [
-        EpochStatus.COMMITTED,
-        EpochStatus.ABORTED,
-    ]
 
 
 def _onceflow(stack, *args: str) -> subprocess.CompletedProcess[str]:

@@ -75,6 +75,17 @@ def spark(request) -> Iterator[Any]:  # type: ignore[no-untyped-def]
             yield session
             session.stop()
         return
+    yield from _connect_session()
+
+
+@pytest.fixture(scope="module")
+def connect_spark() -> Iterator[Any]:
+    """The warm Spark Connect server's session alone, for conformance tests of a path the classic
+    session shares expression for expression."""
+    yield from _connect_session()
+
+
+def _connect_session() -> Iterator[Any]:
     host, _, port = REMOTE.removeprefix("sc://").split("/", 1)[0].partition(":")
     with socket.socket() as probe:
         probe.settimeout(2)

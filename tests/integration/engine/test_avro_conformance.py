@@ -13,6 +13,8 @@ turned the plainly good records into rows itself and no record Python rejects, a
 records come out of its partition in offset order. A plain-wire format is checked the same way.
 
 Writer schemas come from a folder (`FolderSchemaRegistry`, ``file://``): there is no registry server.
+The tests run on the Spark Connect server only: a classic session builds the same expressions, and the
+JSON conformance test runs the read paths' shared machinery on both.
 """
 
 from __future__ import annotations
@@ -331,8 +333,9 @@ def _same(rows: list[Any], dead: list[DeadLetter], jvm_rows: list[Any], jvm_dead
 
 
 def test_the_jvm_path_decodes_avro_as_the_python_reader_does(
-    settings: Settings, make_topic: Any, spark: Any, tmp_path: Path
+    settings: Settings, make_topic: Any, connect_spark: Any, tmp_path: Path
 ) -> None:
+    spark = connect_spark
     topic = make_topic("avro-conformance", partitions=2)
     values = [v for trio in zip(PLAIN_GOOD, DOUBTFUL_GOOD * 5, BAD * 2, strict=False) for v in trio]
     values += PLAIN_GOOD[len(values) // 3 :] + DOUBTFUL_GOOD + BAD
@@ -375,8 +378,9 @@ def test_the_jvm_path_decodes_avro_as_the_python_reader_does(
 
 
 def test_plain_avro_bodies_decode_alike_with_the_one_writer_schema(
-    settings: Settings, make_topic: Any, spark: Any, tmp_path: Path
+    settings: Settings, make_topic: Any, connect_spark: Any, tmp_path: Path
 ) -> None:
+    spark = connect_spark
     topic = make_topic("avro-plain", partitions=2)
     good = [body(11, payment(n)) for n in range(1, 12)]
     doubtful = [patched(body(11, payment(20, ok=True)), 0, b"\x01", b"\x02")]
