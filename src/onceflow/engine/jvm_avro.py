@@ -5,7 +5,7 @@ The driver plans, at slice time, which writer schemas the JVM may decode (`write
 wire's one writer schema, or the registry's writer schemas it can list (every version of the format's
 subject, or of ``<topic>-value`` for a reader schema from a file), each checked against the reader
 schema by `writer_plan`. A record is a row in the JVM only when its value is the magic byte 0 and the
-id of a planned schema (or a plain body) and every check of `avro_checked` holds; every other record
+id of a planned schema (or a plain body) and every check of `decode_checks` holds; every other record
 crosses to Python in its place (`onceflow.engine.jvm_read`), where the dead letter and its reason are
 made. Why each check:
 
