@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import os
 import platform
-import struct
 import tempfile
 import time
 import uuid
@@ -32,7 +30,7 @@ from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, python_read, 
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import AvroFormat, JsonFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.schema_registry import FolderSchemaRegistry
+from onceflow.schema_registry import FolderSchemaRegistry, wire_value
 from onceflow.sources.kafka_planning import ReadTask
 
 PARTITIONS = 4
@@ -84,18 +82,15 @@ def avro_records() -> Any:
     import datetime as dt
     from decimal import Decimal
 
-    from fastavro import parse_schema, schemaless_writer
+    from fastavro import parse_schema
 
     parsed = parse_schema(AVRO_SCHEMA)
-    header = b"\x00" + struct.pack(">I", AVRO_ID)
 
     def make(n: int) -> bytes:
         document = json.loads(record(n))
         document["price"] = Decimal(n % 100_000) / 100
         document["at"] = dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=n)
-        out = io.BytesIO()
-        schemaless_writer(out, parsed, document)
-        return header + out.getvalue()
+        return wire_value(AVRO_ID, parsed, document)
 
     return make
 
