@@ -212,15 +212,8 @@ def kafka_source_missing(load: Callable[[], Any]) -> tuple[Any, str | None]:
     in ``load`` already). Only a missing source is an answer here: any other failure (Kafka
     unreachable, a bad range) is the slice's failure.
     """
-    try:
-        kafka = load()
-        kafka.schema  # noqa: B018 - resolves the relation (on the server, for Spark Connect)
-    except Exception as exc:
-        text = str(exc)
-        if "DATA_SOURCE_NOT_FOUND" in text or "Failed to find data source: kafka" in text:
-            return None, "this Spark session has no Kafka source on its classpath"
-        raise
-    return kafka, None
+    markers = ("DATA_SOURCE_NOT_FOUND", "Failed to find data source: kafka")
+    return _resolved(load, markers, "this Spark session has no Kafka source on its classpath")
 
 
 def avro_functions_missing(build: Callable[[], Any]) -> tuple[Any, str | None]:
@@ -229,13 +222,19 @@ def avro_functions_missing(build: Callable[[], Any]) -> tuple[Any, str | None]:
     A classic session fails while building ``from_avro`` without the jar, a Spark Connect server when
     it resolves the plan; any other failure is the slice's.
     """
+    markers = ("'JavaPackage' object is not callable", "AVRO_NOT_LOADED")
+    return _resolved(build, markers, "this Spark session has no spark-avro (from_avro) on its classpath")
+
+
+def _resolved(build: Callable[[], Any], markers: Sequence[str], missing: str) -> tuple[Any, str | None]:
+    """The frame ``build`` makes, its plan resolved (on the server, for Spark Connect), and None; or
+    None and ``missing`` when the failure names one of ``markers``. Any other failure is raised."""
     try:
         frame = build()
-        frame.schema  # noqa: B018 - resolves the plan (on the server, for Spark Connect)
+        frame.schema  # noqa: B018 - resolves the plan
     except Exception as exc:
-        text = str(exc)
-        if "'JavaPackage' object is not callable" in text or "AVRO_NOT_LOADED" in text:
-            return None, "this Spark session has no spark-avro (from_avro) on its classpath"
+        if any(marker in str(exc) for marker in markers):
+            return None, missing
         raise
     return frame, None
 
@@ -315,9 +314,8 @@ def _accepted(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
     from pyspark.sql import types as T
 
     key, value = F.col("key"), F.col("value")
-    size = F.coalesce(F.octet_length(key), F.lit(0)) + F.coalesce(F.octet_length(value), F.lit(0))
-    within = size <= F.lit(max_record_bytes)
-    meta = [F.col("topic"), F.col("partition"), F.col("offset"), F.col("_timestamp")]
+    within = _within(max_record_bytes)
+    meta = [F.col(name) for name in _META]
     if not isinstance(fmt, JsonFormat):
         return within, [c.alias(f"_v{i}") for i, c in enumerate([key, value, *meta])]
 
@@ -366,12 +364,33 @@ def _accepted(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
         checks.append(present | field.isNull() if nullable else present)
         values.append(field)
     if fmt.key_field is not None:
-        checks += [key.isNotNull(), F.is_valid_utf8(key)]
+        checks += _key_checks()
         values.append(key.cast("string"))
     accepted = checks[0]
     for check in checks[1:]:
         accepted = accepted & check
     return accepted, [c.alias(f"_v{i}") for i, c in enumerate([*values, *meta])]
+
+
+# The record's metadata columns, the last of every row's values (after the key's text, if taken).
+_META = ("topic", "partition", "offset", "_timestamp")
+
+
+def _within(max_record_bytes: int) -> Any:
+    """Key plus value within ``max_record_bytes`` (Python dead-letters a larger record as oversized)."""
+    from pyspark.sql import functions as F
+
+    key, value = F.col("key"), F.col("value")
+    size = F.coalesce(F.octet_length(key), F.lit(0)) + F.coalesce(F.octet_length(value), F.lit(0))
+    return size <= F.lit(max_record_bytes)
+
+
+def _key_checks() -> list[Any]:
+    """A key there and valid UTF-8, for a format that takes the key as a column."""
+    from pyspark.sql import functions as F
+
+    key = F.col("key")
+    return [key.isNotNull(), F.is_valid_utf8(key)]
 
 
 def _avro_checked(records: Any, fmt: AvroFormat, max_record_bytes: int, plans: Sequence[WriterPlan]) -> Any:
@@ -387,7 +406,7 @@ def _avro_checked(records: Any, fmt: AvroFormat, max_record_bytes: int, plans: S
     if not plans:
         raise ValueError("the JVM decodes Avro records only with at least one planned writer schema")
     key, value = F.col("key"), F.col("value")
-    # The checks read each decoded body dozens of times. A column that is not deterministic (the
+    # The checks read each decoded body several times. A column that is not deterministic (the
     # task's partition), read by the checks, keeps Spark's optimizer from pushing a filter on them
     # through this step, which would inline (and so repeat) every decode into every check.
     decoded = records.select(
@@ -395,10 +414,9 @@ def _avro_checked(records: Any, fmt: AvroFormat, max_record_bytes: int, plans: S
         *decoded_columns(plans, value, fmt.wire == "plain"),
         F.spark_partition_id().alias("_task"),
     )
-    size = F.coalesce(F.octet_length(key), F.lit(0)) + F.coalesce(F.octet_length(value), F.lit(0))
-    checks = [F.col("_task") >= 0, size <= F.lit(max_record_bytes), value.isNotNull()]
+    checks = [F.col("_task") >= 0, _within(max_record_bytes), value.isNotNull()]
     if fmt.key_field is not None:
-        checks += [key.isNotNull(), F.is_valid_utf8(key)]
+        checks += _key_checks()
     matched = F.lit(False)
     values: list[Any] = []
     for k, plan in enumerate(plans):
@@ -413,7 +431,7 @@ def _avro_checked(records: Any, fmt: AvroFormat, max_record_bytes: int, plans: S
     accepted = plan_all([matched, *checks])
     if fmt.key_field is not None:
         values.append(key.cast("string"))
-    meta = [F.col("topic"), F.col("partition"), F.col("offset"), F.col("_timestamp")]
+    meta = [F.col(name) for name in _META]
     return decoded.select(
         *RAW_COLUMNS,
         F.coalesce(accepted, F.lit(False)).alias("_accepted"),
