@@ -1,7 +1,7 @@
 """Run a bench pipeline epoch after epoch until the whole data set is committed, timing every step.
 
 The loop makes the same calls as `onceflow.engine.runner.run_epoch` (recover, plan_epoch, submit_slice
-per slice, commit_epoch) in the same order, with a clock around each and an RSS sampler around the
+per slice, commit_epoch) in the same order, with a clock around each and a memory sampler around the
 spark-submit, so the per-step split comes from the engine's own code paths. The sink committers are
 wrapped to time the sink's own commit apart from the ledger's decision and bookkeeping.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from local_stack.spark_runtime import SparkRuntime
 
-from bench.memory import TreePeak, TreeSampler
+from bench.memory import MEASURE, TreePeak, TreeSampler
 from bench.pipelines import SPEC_ENV, SPEC_PATH
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator
@@ -114,6 +114,7 @@ class PipelineRun:
                     "peak_jvm_mb": e.memory.jvm_mb,
                     "peak_python_workers_mb": e.memory.python_workers_mb,
                     "peak_driver_python_mb": e.memory.driver_python_mb,
+                    "memory_measure": MEASURE,
                 }
                 for e in self.epochs
             ],
@@ -125,12 +126,10 @@ class SliceFailed(RuntimeError):
 
 
 def runtime_pids() -> tuple[int, ...]:
-    """The warm Spark runtime's driver and executors: its Connect server and the executors that the
-    workers started; the executors' Python workers are their children. The master and worker daemons
-    are left out: they hold no data of an epoch."""
-    runtime = SparkRuntime.from_env()
-    server = runtime.pid("connect")
-    return (*(() if server is None else (server,)), *runtime.executor_pids())
+    """Every process of the warm Spark runtime: master and workers (they hold no data of an epoch, but
+    the runtime's memory is theirs too), its Connect server and the executors that the workers started;
+    the executors' Python workers are their children. A lean runtime is its Connect server alone."""
+    return tuple(SparkRuntime.from_env().pids())
 
 
 def run_to_end(spec: Pipeline, settings: Settings, records: int, remote: str | None = None) -> PipelineRun:

@@ -1,5 +1,7 @@
-"""Peak resident memory of a process tree (a spark-submit and its JVM and Python workers), sampled.
+"""Peak memory of a process tree (a spark-submit and its JVM and Python workers), sampled.
 
+Memory is the proportional set size (PSS): each page shared between processes counts once, split between
+them. Resident sizes would count a forked Python worker's pages shared with its daemon once per worker.
 In Spark's local mode the driver JVM also hosts the executors (as threads), and each executor core runs
 Python code in forked ``pyspark.daemon`` workers; the peak is split into those two parts and the driver's
 own Python process, so that a leak in any of them shows.
@@ -11,13 +13,16 @@ import threading
 from dataclasses import dataclass, field
 
 import psutil
+from local_stack.footprint import pss_mb
 
-INTERVAL_S = 0.1
+# A sample reads each process's /proc/PID/smaps_rollup, which costs a JVM's mappings: 4 a second.
+INTERVAL_S = 0.25
+MEASURE = "pss"
 
 
 @dataclass
 class TreePeak:
-    """Peak RSS in MB, as the largest sum seen in one sample (not the sum of each part's peak)."""
+    """Peak PSS in MB, as the largest sum seen in one sample (not the sum of each part's peak)."""
 
     total_mb: float = 0.0
     jvm_mb: float = 0.0
@@ -50,7 +55,7 @@ def _kind(process: psutil.Process) -> str:
 
 @dataclass
 class TreeSampler:
-    """Samples the summed RSS of ``pid``'s descendants (not ``pid`` itself) every INTERVAL_S until `stop()`.
+    """Samples the summed PSS of ``pid``'s descendants (not ``pid`` itself) every INTERVAL_S until `stop()`.
 
     Pointed at the benchmark's own pid, it measures whatever child it starts (e.g. ``submit_slice``'s
     spark-submit) without changing how the child is started.
@@ -85,7 +90,7 @@ class TreeSampler:
             self._stop.wait(INTERVAL_S)
 
     def _sample(self, root: psutil.Process) -> None:
-        parts = {"jvm": 0, "python_workers": 0, "driver_python": 0, "other": 0}
+        parts = {"jvm": 0.0, "python_workers": 0.0, "driver_python": 0.0, "other": 0.0}
         try:
             processes = root.children(recursive=True)
         except psutil.Error:
@@ -96,18 +101,14 @@ class TreeSampler:
                 processes += [other, *other.children(recursive=True)]
             except psutil.Error:
                 continue
-        for process in processes:
-            try:
-                parts[_kind(process)] += process.memory_info().rss
-            except psutil.Error:
-                continue
-        mb = 1024 * 1024
+        for process in dict.fromkeys(processes):  # a runtime process is also a child of another one
+            parts[_kind(process)] += pss_mb(process.pid)
         self.peak.merge(
             TreePeak(
-                total_mb=sum(parts.values()) / mb,
-                jvm_mb=parts["jvm"] / mb,
-                python_workers_mb=parts["python_workers"] / mb,
-                driver_python_mb=parts["driver_python"] / mb,
+                total_mb=sum(parts.values()),
+                jvm_mb=parts["jvm"],
+                python_workers_mb=parts["python_workers"],
+                driver_python_mb=parts["driver_python"],
                 samples=1,
             )
         )

@@ -64,6 +64,13 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _runtime_shape() -> str:
+    """How the local warm runtime runs its tasks, as the report shows it beside the remote."""
+    from local_stack.spark_runtime import SparkRuntime
+
+    return "; lean: one JVM, the tasks in the Connect server" if SparkRuntime.from_env().lean else ""
+
+
 class Bench:
     def __init__(self, settings: Settings, workdir: Path, runs: int) -> None:
         self.settings = settings
@@ -73,7 +80,9 @@ class Bench:
         self.merge_into: dict[str, Any] | None = None  # --merge: earlier results that new ones update
         self.remote = settings.spark_remote  # the warm runtime's Spark Connect server, or None: spark-submit
         self.runtime = (
-            f"Spark Connect ({redact.url(self.remote)})" if self.remote else "spark-submit, one per slice"
+            f"Spark Connect ({redact.url(self.remote)}{_runtime_shape()})"
+            if self.remote
+            else "spark-submit, one per slice"
         )
 
     def warm(self, step: str) -> Settings | None:

@@ -83,7 +83,8 @@ def footprint(runtime: SparkRuntime, sessions: Callable[[SparkRuntime], int] | N
     for name in ("master", *WORKERS, "connect"):
         if (pid := runtime.pid(name)) is not None:
             roles[name] = pss_mb(pid)
-    roles["executors"] = round(sum(pss_mb(pid) for pid in runtime.executor_pids()), 1)
+    server = runtime.pid("connect")  # on a lean runtime, the executor too: counted once, as "connect"
+    roles["executors"] = round(sum(pss_mb(pid) for pid in runtime.executor_pids() if pid != server), 1)
     workers = python_workers(runtime)
     roles["python"] = round(sum(pss_mb(p.pid) for p in workers), 1)
     return Footprint(

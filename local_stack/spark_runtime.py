@@ -66,10 +66,23 @@ class SparkRuntime:
         except (OSError, ValueError, IndexError):
             return None
 
+    @property
+    def lean(self) -> bool:
+        """Whether the Connect server runs the tasks itself (``ONCEFLOW_SPARK_LEAN=1``, local mode), as
+        infra/spark.sh recorded when it started it."""
+        try:
+            return (self.data / "connect.master").read_text().startswith("local")
+        except OSError:
+            return False
+
     def executor_pids(self) -> list[int]:
-        """The executors the workers started (their Python workers are the executors' children)."""
+        """The executors the workers started (their Python workers are the executors' children); on a
+        lean runtime, the Connect server, which is its own executor."""
         import psutil
 
+        if self.lean:
+            server = self.pid("connect")
+            return [] if server is None else [server]
         found: list[int] = []
         for worker in WORKERS:
             try:
@@ -77,6 +90,11 @@ class SparkRuntime:
             except (psutil.Error, ValueError):
                 continue
         return found
+
+    def pids(self) -> list[int]:
+        """Every process of the runtime: master, workers, Connect server, executors (each once)."""
+        named = [self.pid(name) for name in ("master", *WORKERS, "connect")]
+        return list(dict.fromkeys([p for p in named if p is not None] + self.executor_pids()))
 
     def rest(self, path: str, timeout: float = 5) -> Any:
         """``/api/v1/applications/<the Connect server's application>/<path>``, decoded."""

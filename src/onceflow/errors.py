@@ -23,6 +23,13 @@ class ServiceUnavailable(OnceflowError):
     """A required service (Kafka, PostgreSQL, the ledger) did not answer."""
 
 
+class SliceFailed(OnceflowError):
+    """The slice could not be pre-committed; the epoch must be aborted and replayed.
+
+    Here, not in the engine, because Spark tasks raise it too, and they import nothing of the coordinator.
+    """
+
+
 def debug_enabled() -> bool:
     """True when ONCEFLOW_DEBUG asks for tracebacks and the Kafka client's own log lines.
 

@@ -16,6 +16,8 @@ connection that already waits to be accepted to the loop. The runtime selects it
 
 from __future__ import annotations
 
+import gc
+import importlib
 import os
 import select
 import signal
@@ -27,6 +29,16 @@ from onceflow.config import python_daemon_idle_s
 
 IDLE_S = 30.0
 CHECK_S = 10.0
+# Imported once in the daemon, before it forks: every worker then shares these modules' pages with it
+# (copy on write) instead of importing them again into memory of its own, about 60 MB a worker.
+PRELOADED = (
+    "pyarrow",
+    "pyarrow.parquet",
+    "pandas",
+    "onceflow.executor.reading",
+    "onceflow.executor.rejected",
+    "onceflow.executor.writing",
+)
 
 
 def _children(pid: int) -> int:
@@ -81,9 +93,24 @@ def _worker_defaults() -> None:
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
+def preload(names: tuple[str, ...] = PRELOADED) -> list[str]:
+    """Import ``names`` (those that import here; a worker imports the others itself), then freeze what
+    exists so that no garbage collection in a worker writes to, and so copies, the shared pages."""
+    loaded = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional module: the worker that needs it reports it
+            continue
+        loaded.append(name)
+    gc.freeze()
+    return loaded
+
+
 def main() -> None:
     from pyspark import daemon
 
+    preload()
     idle_s = python_daemon_idle_s(IDLE_S)
     signal.signal(signal.SIGALRM, IdleExit(idle_s))
     os.register_at_fork(after_in_child=_worker_defaults)

@@ -33,7 +33,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
@@ -43,10 +43,10 @@ from onceflow.coordinator import Coordinator
 from onceflow.decisions import slice_refusal
 from onceflow.engine.failures import failure_line
 from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, decoded_read
-from onceflow.errors import ConfigError, OnceflowError
+from onceflow.errors import ConfigError, OnceflowError, SliceFailed
 from onceflow.executor.arrow_rows import arrow_schema
 from onceflow.executor.slices import SliceRef
-from onceflow.executor.writing import TaskReport, write_task_batches, write_task_sinks
+from onceflow.executor.writing import TaskReport, sink_task, sinks_task
 from onceflow.faults import crash_point
 from onceflow.ledger import Epoch, IllegalTransition, Ledger, PrecommitRefused
 from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
@@ -70,10 +70,6 @@ SLICE_SQL_CONF: dict[str, str] = {
 
 # Gives a slice its Spark session for steps 3 to 5 (and ends whatever it must when the slice is done).
 SessionFor = Callable[[Pipeline, SliceRef], AbstractContextManager[Any]]
-
-
-class SliceFailed(OnceflowError):
-    """The slice could not be pre-committed; the epoch must be aborted and replayed."""
 
 
 def log(message: str) -> None:
@@ -440,21 +436,6 @@ def _report_schema() -> Any:
     return T.StructType([T.StructField(n, types.get(n, text), False) for n in _REPORT_FIELDS])
 
 
-def _attempt(task_ids: Sequence[str], what: str) -> tuple[int, str]:
-    """This Spark task's output partition and attempt name (one per Spark task attempt)."""
-    from pyspark import TaskContext as SparkTaskContext
-
-    context = SparkTaskContext.get()
-    assert context is not None, "a write runs inside a Spark task"
-    index = context.partitionId()
-    if index >= len(task_ids):
-        raise SliceFailed(
-            f"output partition {index} of {what} has no participant: the query ran with more "
-            f"partitions than its {len(task_ids)} tasks (was adaptive execution re-enabled?)"
-        )
-    return index, f"{context.stageId()}.{index}.{context.taskAttemptId()}"
-
-
 def _write_sinks(ref: SliceRef, sinks: list[SinkSpec], frame: Any, task_ids: list[str]) -> list[TaskReport]:
     """One Spark job: output partition i stages read task i's rows in every sink, in their order."""
     outputs = [(sink, _sink_frame(sink, frame)) for sink in sinks]
@@ -462,15 +443,7 @@ def _write_sinks(ref: SliceRef, sinks: list[SinkSpec], frame: Any, task_ids: lis
         frame = frame.select(*dict.fromkeys(c for _, columns in outputs for c in columns or ()))
     report_schema = _report_schema()
     report_arrow = arrow_schema(report_schema)
-    what = f"sinks {[s.name for s in sinks]}"
-
-    def write(batches: Iterable[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        index, attempt = _attempt(task_ids, what)
-        reports = write_task_sinks(ref, outputs, task_ids[index], attempt, batches)
-        yield pa.RecordBatch.from_pylist([r.__dict__ for r in reports], schema=report_arrow)
-
+    write = sinks_task(ref, outputs, task_ids, f"sinks {[s.name for s in sinks]}", report_arrow)
     return [TaskReport(**row.asDict()) for row in frame.mapInArrow(write, report_schema).collect()]
 
 
@@ -486,15 +459,7 @@ def _write_sink(ref: SliceRef, sink: SinkSpec, frame: Any, task_ids: list[str]) 
         frame = frame.select(*columns)
     report_schema = _report_schema()
     report_arrow = arrow_schema(report_schema)
-    what = f"sink {sink.name!r}"
-
-    def write(batches: Iterable[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        index, attempt = _attempt(task_ids, what)
-        report = write_task_batches(ref, sink, task_ids[index], attempt, batches)
-        yield pa.RecordBatch.from_pylist([report.__dict__], schema=report_arrow)
-
+    write = sink_task(ref, sink, task_ids, f"sink {sink.name!r}", report_arrow)
     return [TaskReport(**row.asDict()) for row in frame.mapInArrow(write, report_schema).collect()]
 
 

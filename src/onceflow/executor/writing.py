@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.committables import Committable, TaskContext
+from onceflow.errors import SliceFailed
 from onceflow.executor.arrow_rows import batch_rows
 from onceflow.executor.slices import SliceRef
 from onceflow.faults import crash_point
@@ -19,6 +20,25 @@ if TYPE_CHECKING:
 
 # Rows per ``write(rows)`` call when a writer is fed rows.
 WRITE_BATCH = 2000
+
+
+def spark_task_attempt(task_ids: Sequence[str], what: str) -> tuple[int, str]:
+    """This Spark task's output partition and attempt name (one per Spark task attempt).
+
+    Called inside the Spark task, so it lives with the write task: a function of the driver's modules
+    would make every Python worker import the coordinator and the ledger (and SQLAlchemy) to find it.
+    """
+    from pyspark import TaskContext as SparkTaskContext
+
+    context = SparkTaskContext.get()
+    assert context is not None, "a write runs inside a Spark task"
+    index = context.partitionId()
+    if index >= len(task_ids):
+        raise SliceFailed(
+            f"output partition {index} of {what} has no participant: the query ran with more "
+            f"partitions than its {len(task_ids)} tasks (was adaptive execution re-enabled?)"
+        )
+    return index, f"{context.stageId()}.{index}.{context.taskAttemptId()}"
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,42 @@ def write_task(
 ) -> TaskReport:
     """Stage one attempt of one output task from rows (the local executor's path); see `_stage`."""
     return _stage(ref, sink, task_id, attempt, lambda writer: _feed_rows(writer, rows))
+
+
+def sinks_task(
+    ref: SliceRef,
+    sinks: Sequence[tuple[SinkSpec, Sequence[str] | None]],
+    task_ids: Sequence[str],
+    what: str,
+    report_schema: pa.Schema,
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """What ``mapInArrow`` runs in each Spark task of a slice: output partition i stages read task i's
+    batches in every sink and yields one report per sink. Made here, so that what Spark ships to the
+    Python workers refers to task-side modules only."""
+
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        index, attempt = spark_task_attempt(task_ids, what)
+        reports = write_task_sinks(ref, sinks, task_ids[index], attempt, batches)
+        yield pa.RecordBatch.from_pylist([r.__dict__ for r in reports], schema=report_schema)
+
+    return write
+
+
+def sink_task(
+    ref: SliceRef, sink: SinkSpec, task_ids: Sequence[str], what: str, report_schema: pa.Schema
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """As `sinks_task`, for one sink whose output partitions the driver arranged itself."""
+
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        index, attempt = spark_task_attempt(task_ids, what)
+        report = write_task_batches(ref, sink, task_ids[index], attempt, batches)
+        yield pa.RecordBatch.from_pylist([report.__dict__], schema=report_schema)
+
+    return write
 
 
 def write_task_batches(
