@@ -206,16 +206,17 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
 def _epoch_memory_targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     """The peak of a 10^6-record epoch on the warm runtime (every runtime process, its Python workers
     and the slice's driver, by PSS) against 1.5 GB; a round measured by resident size is not judged."""
-    rounds = [r["files"] for r in results.get("throughput", {}).get("1000000", []) if "files" in r]
-    epochs = [e for r in rounds for e in r["epochs"] if e["records"] >= 1_000_000]
+    rounds = [r for r in results.get("throughput", {}).get("1000000", []) if "files" in r]
+    epochs = [e for r in rounds for e in r["files"]["epochs"] if e["records"] >= 1_000_000]
     if not epochs or "Connect" not in rounds[0].get("runtime", ""):
         return []
     target = "peak ≤ 1.5 GB during a 10^6-record epoch, warm runtime included"
     if any(e.get("memory_measure") != "pss" for e in epochs):
         return [(target, "resident size only (counts forked workers' shared pages again)", "not judged")]
-    peak = median(e["peak_total_mb"] for e in epochs)
-    lean = "lean runtime" if "lean" in rounds[0]["runtime"] else "runtime of master, 2 workers, 2 executors"
-    return [(target, f"{peak:.0f} MB ({lean}, {len(epochs)} epochs)", "met" if peak <= 1536 else "MISSED")]
+    peaks = [e["peak_total_mb"] for e in epochs]
+    shape = "lean runtime" if "lean" in rounds[0]["runtime"] else "master, 2 workers, 2 executors"
+    measured = f"{median(peaks):.0f} MB median, {max(peaks):.0f} MB at most ({shape}, {len(peaks)} epochs)"
+    return [(target, measured, "met" if median(peaks) <= 1536 else "MISSED")]
 
 
 def _runtime_memory_targets(run: dict[str, Any] | None) -> list[tuple[str, str, str]]:

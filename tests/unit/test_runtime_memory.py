@@ -117,3 +117,27 @@ def test_children_are_counted_from_proc() -> None:
         child.kill()
         child.wait()
     assert python_daemon._children(2**22 + 1) == -1
+
+
+def test_the_daemon_preloads_what_imports_and_freezes_it_for_its_forks() -> None:
+    """In a fresh interpreter (the freeze is process-wide): a module that is not there is left to the
+    worker that needs it, the others are imported, and what exists is out of the collector's reach."""
+    code = (
+        "import gc, sys; from onceflow.engine import python_daemon as d; "
+        "loaded = d.preload(('json', 'onceflow_no_such_module', 'pyarrow')); "
+        "print(loaded, 'pyarrow' in sys.modules, gc.get_freeze_count() > 1000)"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == ["['json',", "'pyarrow']", "True", "True"]
+
+
+def test_the_daemon_preloads_the_task_modules_and_nothing_of_the_driver() -> None:
+    code = (
+        "import sys; from onceflow.engine import python_daemon as d; "
+        "print(len(d.preload())); print(*sys.modules, sep='\\n')"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded, *modules = shown.stdout.split()
+    assert int(loaded) == len(python_daemon.PRELOADED)
+    driver = ("sqlalchemy", "onceflow.ledger", "onceflow.coordinator")
+    assert not [m for m in modules if m.startswith(driver)]

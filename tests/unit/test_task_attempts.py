@@ -63,7 +63,7 @@ def test_a_fenced_slice_rolls_back_everything_it_staged(tmp_path: Path) -> None:
     epoch = ledger.epoch("p", 1)
     a = write_task(ref, sink, "s0-t0", "a", iter([{"n": 1}]))
     coordinator.abort(number=1, reason="operator")
-    from onceflow.engine.slice_job import SliceFailed
+    from onceflow.errors import SliceFailed
 
     try:
         precommit_slice(coordinator, 0, epoch, epoch.attempt_token, [a], [], ["s0-t0"])

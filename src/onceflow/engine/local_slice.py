@@ -17,8 +17,8 @@ from typing import Any
 
 from onceflow.config import Settings
 from onceflow.coordinator import Coordinator
-from onceflow.engine.slice_job import SliceFailed, open_slice, precommit_slice, sink_columns
-from onceflow.errors import ConfigError
+from onceflow.engine.slice_job import open_slice, precommit_slice, sink_columns
+from onceflow.errors import ConfigError, SliceFailed
 from onceflow.executor.reading import read_task, split
 from onceflow.executor.writing import TaskReport, write_task
 from onceflow.ledger import Ledger

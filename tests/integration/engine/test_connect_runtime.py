@@ -17,7 +17,6 @@ import pytest
 from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.config import Settings
-from onceflow.engine import python_daemon
 from onceflow.engine.connect import forget_session, open_sessions
 from onceflow.engine.runner import ProcessFailed, run_epoch
 from onceflow.ledger import EpochStatus, Ledger
@@ -79,7 +78,6 @@ def test_epochs_through_spark_connect_deliver_once_and_reuse_one_session(
 
 def _python_workers(runtime: SparkRuntime) -> int:
     """Python processes (daemons and workers) under the warm runtime's executors."""
-    import psutil
 
     count = 0
     for pid in runtime.executor_pids():
@@ -116,51 +114,6 @@ def test_processes_of_one_pipeline_join_one_session_and_leave_no_python_workers_
     assert workers[0] > 0 and max(workers[1:]) <= workers[0], workers
     expected = sorted(o["id"] for n in range(3) for o in orders(100 * n, 20) if o["amount"] > 0)
     assert delivered_ids(pg_connect, stack) == (expected, expected)
-
-
-def _daemons(runtime: SparkRuntime) -> dict[int, str]:
-    """The executors' Python daemons, each with its session's artifact id and its idle time."""
-    from local_stack.footprint import daemons, python_workers
-
-    found = {}
-    for process in daemons(runtime, python_workers(runtime)):
-        try:
-            env = process.environ()
-        except psutil.Error:
-            continue
-        found[process.pid] = (
-            f"{env.get('SPARK_JOB_ARTIFACT_UUID')} {env.get('ONCEFLOW_PYTHON_DAEMON_IDLE_S', '')}"
-        )
-    return found
-
-
-def test_an_idle_python_daemon_exits_and_the_next_epoch_starts_another_and_delivers_once(
-    stack, settings, pg_connect, spark_remote_url, runtime
-) -> None:
-    """SPARK-54055: Spark 4.1 keeps a Python daemon per executor for every session that ran Python. The
-    runtime's daemon (`onceflow.engine.python_daemon`) exits once idle; the session's next epoch gets a
-    new one from Spark and commits exactly once, as before."""
-    forget_session(spark_remote_url)
-    before = set(_daemons(runtime).values())
-    produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(0, 30))
-    one = run_epoch(ORDERS, Settings.from_env(), executor="connect", spark_remote_url=spark_remote_url)
-    assert one.epoch.status == EpochStatus.COMMITTED
-    ours = {pid: key for pid, key in _daemons(runtime).items() if key not in before}
-    assert ours, "the epoch started no Python daemon of its own session"
-    session, _, idle = next(iter(ours.values())).partition(" ")
-    # Spark closes idle forked workers after a minute; the daemon then waits its own idle time.
-    deadline = time.monotonic() + 60 + float(idle or python_daemon.IDLE_S) + 60
-    while any(key.startswith(session) for key in _daemons(runtime).values()):
-        assert time.monotonic() < deadline, f"the daemons of session {session} did not exit when idle"
-        time.sleep(5)
-
-    produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(30, 30))
-    two = run_epoch(ORDERS, Settings.from_env(), executor="connect", spark_remote_url=spark_remote_url)
-    assert two.epoch.number == 2 and two.epoch.status == EpochStatus.COMMITTED
-    assert any(key.startswith(session) for key in _daemons(runtime).values()), "no daemon started again"
-    expected = sorted(o["id"] for o in orders(0, 60) if o["amount"] > 0)
-    assert delivered_ids(pg_connect, stack) == (expected, expected)
-    assert prepared_count(pg_connect, stack["ONCEFLOW_TEST_PIPELINE"]) == 0
 
 
 def _write_module(folder: Path, name: str, table_root: Path, stack: dict[str, str]) -> None:
