@@ -46,7 +46,7 @@ from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, decoded_read
 from onceflow.errors import ConfigError, OnceflowError, SliceFailed
 from onceflow.executor.arrow_rows import arrow_schema
 from onceflow.executor.slices import SliceRef
-from onceflow.executor.writing import TaskReport, sink_task, sinks_task
+from onceflow.executor.writing import TaskReport, sinks_task
 from onceflow.faults import crash_point
 from onceflow.ledger import Epoch, IllegalTransition, Ledger, PrecommitRefused
 from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
@@ -459,7 +459,7 @@ def _write_sink(ref: SliceRef, sink: SinkSpec, frame: Any, task_ids: list[str]) 
         frame = frame.select(*columns)
     report_schema = _report_schema()
     report_arrow = arrow_schema(report_schema)
-    write = sink_task(ref, sink, task_ids, f"sink {sink.name!r}", report_arrow)
+    write = sinks_task(ref, [(sink, None)], task_ids, f"sink {sink.name!r}", report_arrow)
     return [TaskReport(**row.asDict()) for row in frame.mapInArrow(write, report_schema).collect()]
 
 

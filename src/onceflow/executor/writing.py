@@ -70,8 +70,8 @@ def sinks_task(
     report_schema: pa.Schema,
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """What ``mapInArrow`` runs in each Spark task of a slice: output partition i stages read task i's
-    batches in every sink and yields one report per sink. Made here, so that what Spark ships to the
-    Python workers refers to task-side modules only."""
+    batches in every sink (one or more) and yields one report per sink. Made here, so that what Spark
+    ships to the Python workers refers to task-side modules only."""
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -79,21 +79,6 @@ def sinks_task(
         index, attempt = spark_task_attempt(task_ids, what)
         reports = write_task_sinks(ref, sinks, task_ids[index], attempt, batches)
         yield pa.RecordBatch.from_pylist([r.__dict__ for r in reports], schema=report_schema)
-
-    return write
-
-
-def sink_task(
-    ref: SliceRef, sink: SinkSpec, task_ids: Sequence[str], what: str, report_schema: pa.Schema
-) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """As `sinks_task`, for one sink whose output partitions the driver arranged itself."""
-
-    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-
-        index, attempt = spark_task_attempt(task_ids, what)
-        report = write_task_batches(ref, sink, task_ids[index], attempt, batches)
-        yield pa.RecordBatch.from_pylist([report.__dict__], schema=report_schema)
 
     return write
 
