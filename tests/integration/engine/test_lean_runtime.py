@@ -1,12 +1,13 @@
 """The lean runtime (``ONCEFLOW_SPARK_LEAN=1``): one JVM, the Spark Connect server running the tasks itself.
 
-Started here on ports of its own, with a short daemon idle time, beside the suite's runtime of a master,
-two workers and their executors.
+Started here on ports of its own, with short idle times for its Python daemons and its sessions, beside
+the suite's runtime of a master, two workers and their executors.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,6 +27,13 @@ from tests.integration.engine.data import ORDERS, delivered_ids, orders, prepare
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 IDLE_S = 5
+# The server closes a session idle for 20 s (checked every 5 s); the suite's runtime, after 10 minutes.
+SESSION_TIMEOUT = " ".join(
+    (
+        "spark.connect.session.manager.defaultSessionTimeout=20s",
+        "spark.connect.session.manager.maintenanceInterval=5s",
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +48,7 @@ def lean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SparkRuntim
         "ONCEFLOW_SPARK_UI_PORT": str(ui),
         "ONCEFLOW_SPARK_LEAN": "1",
         "ONCEFLOW_PYTHON_DAEMON_IDLE_S": str(IDLE_S),
+        "ONCEFLOW_SPARK_CONF": SESSION_TIMEOUT,
     }
     runtime = SparkRuntime.from_env(env)
     try:
@@ -55,11 +64,13 @@ def _daemons(runtime: SparkRuntime) -> list[int]:
 
 
 def test_a_lean_runtime_is_one_jvm_delivers_once_and_its_idle_python_daemons_exit(
-    stack, settings, pg_connect, lean
+    stack, settings, pg_connect, lean, capfd
 ) -> None:
     """SPARK-54055 (a Python daemon per session, kept until the executor stops) holds in local mode too:
-    the runtime's daemon exits once idle, and the session's next epoch gets a new one and commits exactly
-    once. A start of the other shape over it is refused in one line, and it keeps running."""
+    the runtime's daemon exits once idle. Meanwhile the server closes the idle session; the next epoch,
+    in the same process, finds it gone, joins the pipeline's next session id, gets a new daemon and
+    commits exactly once. A start of the other shape over it is refused in one line, and it keeps
+    running."""
     runtime, remote = lean
     server = runtime.pid("connect")
     assert runtime.lean and server is not None and runtime.pids() == [server]
@@ -81,6 +92,10 @@ def test_a_lean_runtime_is_one_jvm_delivers_once_and_its_idle_python_daemons_exi
     produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(30, 30))
     two = run_epoch(ORDERS, Settings.from_env(), executor="connect", spark_remote_url=remote)
     assert two.epoch.number == 2 and two.epoch.status == EpochStatus.COMMITTED
+    said = capfd.readouterr().err
+    joined = re.findall(r"joined the Spark Connect session (\S+)", said)
+    assert len(joined) == 2 and joined[0] != joined[1], joined
+    assert "is gone" in said and "SESSION_CLOSED" in said, said[-3000:]
     assert _daemons(runtime), "no daemon started again"
     expected = sorted(o["id"] for o in orders(0, 60) if o["amount"] > 0)
     assert delivered_ids(pg_connect, stack) == (expected, expected)
