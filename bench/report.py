@@ -210,7 +210,7 @@ def _epoch_memory_targets(results: dict[str, Any]) -> list[tuple[str, str, str]]
     epochs = [e for r in rounds for e in r["files"]["epochs"] if e["records"] >= 1_000_000]
     if not epochs or "Connect" not in rounds[0].get("runtime", ""):
         return []
-    target = "peak ≤ 1.5 GB during a 10^6-record epoch, warm runtime included"
+    target = "peak ≤ 1.5 GB during a 10^6-record epoch (warm runtime and the slice's driver, PSS)"
     if any(e.get("memory_measure") != "pss" for e in epochs):
         return [(target, "resident size only (counts forked workers' shared pages again)", "not judged")]
     peaks = [e["peak_total_mb"] for e in epochs]
@@ -661,11 +661,14 @@ def _latency_section(results: dict[str, Any]) -> list[str]:
         )
     idle = latency.get("idle_runtime")
     if idle:
+        if idle.get("memory_measure") == "pss":
+            held = "(PSS, every runtime process: master, workers, Connect server, executors)"
+        else:
+            held = "resident (the Connect server and the executors; not the master and workers)"
         lines += [
             "",
-            f"The warm runtime while idle holds {idle['total_mb']:.0f} MB resident: {idle['jvm_mb']:.0f} MB "
-            f"of JVMs (the Connect server and the executors) and {idle['python_workers_mb']:.0f} MB of "
-            "idle Python workers (the master and worker daemons, about 200 MB each, are not counted).",
+            f"The warm runtime while idle holds {idle['total_mb']:.0f} MB {held}: {idle['jvm_mb']:.0f} MB "
+            f"of JVMs and {idle['python_workers_mb']:.0f} MB of idle Python workers.",
         ]
     return [*lines, ""]
 

@@ -128,7 +128,7 @@ class Bench:
     def latency(self, epochs: int = 10) -> None:
         """Epochs of 1,000 records into Parquet files, plan to commit, on each runtime in turn; then
         the warm runtime's resident memory with no epoch running."""
-        from bench.memory import TreeSampler
+        from bench.memory import MEASURE, TreeSampler
 
         if self.warm("latency") is None:
             return
@@ -148,7 +148,7 @@ class Bench:
         time.sleep(5)  # let the last epoch's tasks end before sampling the idle runtime
         idle = TreeSampler(os.getpid(), runtime_pids()).start()
         time.sleep(3)
-        out["idle_runtime"] = dataclasses.asdict(idle.stop())
+        out["idle_runtime"] = {**dataclasses.asdict(idle.stop()), "memory_measure": MEASURE}
         self.record("latency", out)
 
     # 2c.
