@@ -141,3 +141,27 @@ def test_the_daemon_preloads_the_task_modules_and_nothing_of_the_driver() -> Non
     assert int(loaded) == len(python_daemon.PRELOADED)
     driver = ("sqlalchemy", "onceflow.ledger", "onceflow.coordinator")
     assert not [m for m in modules if m.startswith(driver)]
+
+
+def _round(peaks: list[float], measure: str | None, runtime: str) -> dict[str, object]:
+    """One throughput round at 10^6 records: its runtime and one epoch per peak."""
+    tag = {"memory_measure": measure} if measure else {}
+    return {
+        "runtime": runtime,
+        "files": {"epochs": [{"records": 10**6, "peak_total_mb": mb, **tag} for mb in peaks]},
+    }
+
+
+def test_a_10_6_epochs_peak_is_judged_by_pss_only_and_on_the_warm_runtime() -> None:
+    lean = "Spark Connect (sc://x; lean: one JVM, the tasks in the Connect server)"
+    judged = report._epoch_memory_targets(
+        {"throughput": {"1000000": [_round([1200, 1480, 1870], "pss", lean)]}}
+    )
+    assert judged[0][1].startswith("1480 MB median, 1870 MB at most (lean runtime") and judged[0][2] == "met"
+    cluster = _round([2600, 2800], "pss", "Spark Connect (sc://x)")
+    missed = report._epoch_memory_targets({"throughput": {"1000000": [cluster]}})
+    assert "master, 2 workers" in missed[0][1] and missed[0][2] == "MISSED"
+    resident = report._epoch_memory_targets({"throughput": {"1000000": [_round([900], None, lean)]}})
+    assert resident[0][2] == "not judged"
+    submit = _round([900], "pss", "spark-submit, one per slice")
+    assert report._epoch_memory_targets({"throughput": {"1000000": [submit]}}) == []
