@@ -61,7 +61,16 @@ def python_workers(runtime: SparkRuntime) -> list[psutil.Process]:
             found += psutil.Process(pid).children(recursive=True)
         except psutil.Error:
             continue
-    return found
+    return [p for p in found if _alive(p)]
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Not exited: a zombie (a child that ended and that its JVM has not reaped yet) holds no memory and
+    runs nothing."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _parent(process: psutil.Process) -> int | None:
