@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+from pathlib import Path
+from typing import Any
+
+from pyspark import cloudpickle
+
+from onceflow.config import Settings
+from onceflow.engine import slice_job
+from onceflow.executor.slices import SliceRef
+from onceflow.offsets import OffsetRange
+from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from tests.unit.fresh_interpreter import modules_after
 
 EXECUTOR_SIDE = [
     "onceflow.executor.reading",
@@ -18,14 +26,13 @@ EXECUTOR_SIDE = [
 ]
 
 
+# The driver's side, which no Spark task may import (SQLAlchemy comes with the ledger).
+DRIVER_ONLY = ("onceflow.coordinator", "onceflow.ledger", "onceflow.engine.slice_job", "sqlalchemy")
+
+
 def imported_after(*modules: str) -> list[str]:
-    code = (
-        "import importlib, json, sys\n"
-        f"for m in {modules!r}: importlib.import_module(m)\n"
-        "print(json.dumps(sorted(n for n in sys.modules if n.startswith('onceflow'))))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return list(json.loads(done.stdout))
+    code = f"import importlib\nfor m in {modules!r}: importlib.import_module(m)"
+    return [m for m in modules_after(code) if m.startswith("onceflow")]
 
 
 def test_the_executor_side_imports_nothing_of_the_ledger_or_the_coordinator() -> None:
@@ -34,6 +41,51 @@ def test_the_executor_side_imports_nothing_of_the_ledger_or_the_coordinator() ->
     assert [
         m for m in loaded if m.startswith(("onceflow.ledger", "onceflow.coordinator", "onceflow.decisions"))
     ] == []
+
+
+class _Frame:
+    """Stands in for a DataFrame: keeps the function given to ``mapInArrow``; the query returns nothing."""
+
+    def __init__(self) -> None:
+        self.columns = ["n"]
+        self.shipped: list[Any] = []
+        self.rdd = self
+
+    def getNumPartitions(self) -> int:
+        return 1
+
+    def select(self, *columns: str) -> _Frame:
+        return self
+
+    def mapInArrow(self, function: Any, schema: Any) -> _Frame:
+        self.shipped.append(function)
+        return self
+
+    def collect(self) -> list[Any]:
+        return []
+
+
+def test_what_a_slice_ships_to_its_write_tasks_imports_nothing_of_the_driver(tmp_path: Path) -> None:
+    """Spark pickles the function it runs in each task, and a Python worker imports every module that
+    function refers to. One helper of the driver's module there made each worker import the coordinator,
+    the ledger and SQLAlchemy (tens of MB per worker)."""
+    sinks = (
+        SinkSpec("out", "files", {"root": str(tmp_path / "files"), "table": "t"}),
+        SinkSpec("copy", "files", {"root": str(tmp_path / "files"), "table": "u"}),
+    )
+    spec = Pipeline("p", KafkaSource(("in",)), JsonFormat({"n": "int"}), sinks)
+    settings = Settings(tmp_path, "127.0.0.1:1", "postgresql://x@127.0.0.1:1/x", "sqlite://")
+    ref = SliceRef(spec, 1, 0, (OffsetRange("in", 0, 0, 4),), "127.0.0.1:1", settings=settings)
+    frame = _Frame()
+    slice_job._write_sinks(ref, list(sinks), frame, ["s0-t0"])
+    slice_job._write_sink(ref, sinks[0], frame, ["s0-t0"])
+    assert len(frame.shipped) == 2
+    for function in frame.shipped:
+        code = "import pickle, sys\npickle.loads(sys.stdin.buffer.read())"
+        imported = modules_after(code, cloudpickle.dumps(function))
+        assert "onceflow.executor.writing" in imported  # the check sees what loading brings in
+        leaked = [m for m in imported if m.split(".")[0] in DRIVER_ONLY or m.startswith(DRIVER_ONLY)]
+        assert not leaked, f"a write task imports driver-side modules: {leaked[:5]}"
 
 
 def test_the_ledger_imports_no_coordinator_committer_or_concrete_sink() -> None:
@@ -131,14 +183,11 @@ def test_planning_sits_below_the_coordinator_and_the_engine() -> None:
 
 def test_a_pipeline_spec_is_built_without_importing_any_sink() -> None:
     code = (
-        "import json, sys\n"
         "from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec\n"
         "Pipeline('p', KafkaSource(('in',)), JsonFormat({'n': 'int'}),\n"
-        "         (SinkSpec('t', 'files', {'root': '/tmp/x', 'table': 't'}),), on_rerun='replace')\n"
-        "print(json.dumps(sorted(n for n in sys.modules if n.startswith('onceflow'))))"
+        "         (SinkSpec('t', 'files', {'root': '/tmp/x', 'table': 't'}),), on_rerun='replace')"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    loaded = json.loads(done.stdout)
+    loaded = [m for m in modules_after(code) if m.startswith("onceflow")]
     assert "onceflow.pipeline" in loaded
     assert [m for m in loaded if m.startswith("onceflow.sinks")] == []
 
