@@ -226,7 +226,12 @@ def _runtime_memory_targets(run: dict[str, Any] | None) -> list[tuple[str, str, 
         return []
     size = f"{run['pipelines']} pipelines, {run['epochs']} epochs"
     full = run["pipelines"] >= 100 and run["epochs"] >= 1000
-    flat = "met" if run["flat"] and full else "MISSED" if run["flat"] is False else f"flat at {size} only"
+    if run["flat"] is None or "pipeline_s" not in run:  # memory alone cannot see a heap at its cap
+        flat = "not judged"
+    else:
+        flat = "MISSED" if not run["flat"] else "met" if full else f"flat at {size} only"
+    gc = run.get("gc")
+    collected = f", GC {gc['share']:.0%} of the run" if gc else ""
     return [
         (
             "warm runtime's peak ≤ 1.5 GB (distinct small pipelines)",
@@ -236,7 +241,7 @@ def _runtime_memory_targets(run: dict[str, Any] | None) -> list[tuple[str, str, 
         (
             "warm runtime flat over 100 pipelines and 1,000 epochs",
             f"{run['start']['total_mb']:.0f} → {run['end']['total_mb']:.0f} MB at rest, "
-            f"{run['end']['python_processes']} Python processes after ({size})",
+            f"{run['end']['python_processes']} Python processes after{collected} ({size})",
             flat,
         ),
     ]
@@ -853,18 +858,34 @@ def _runtime_memory_section(results: dict[str, Any]) -> list[str]:
         row("at rest, after", run["end"]),
         "",
     ]
-    for name, label in (("total_mb", "total MB"), ("python_processes", "Python processes")):
+    for name, label in (
+        ("total_mb", "total MB"),
+        ("python_processes", "Python processes"),
+        ("pace_s", "seconds per pipeline (median of each tenth of the run)"),
+    ):
         if name in run:
             g = run[name]
             lines.append(
                 f"- {label}: second half's peak {g['second_half_peak']:.0f} against the first half's "
                 f"{g['first_half_peak']:.0f} (flat up to {g['limit']:.0f}): {'flat' if g['flat'] else 'GREW'}"
             )
+    lines.append(_collector_line(run.get("gc")))
     verdict = "met" if run["peak_within_target"] else "missed"
     lines.append(
         f"- peak {peak['total_mb']:.0f} MB against the target of {run['target_mb']:.0f} MB: {verdict}"
     )
     return [*lines, ""]
+
+
+def _collector_line(gc: dict[str, Any] | None) -> str:
+    if gc is None:
+        return "- garbage collection: not measured (no `jstat`, or a run from before it was read)"
+    within = "within" if gc["flat"] else "OVER"
+    return (
+        f"- garbage collection: {gc['gc_s']:.0f} s of the run ({gc['share']:.0%}; {within} "
+        f"{gc['limit']:.0%}), {gc['full_gcs']} full collections, old generation "
+        f"{gc['old_used_after']:.0%} of {gc['old_capacity_mb']:.0f} MB full at the end"
+    )
 
 
 def _memory_row(label: str, epochs: list[dict[str, Any]]) -> str:

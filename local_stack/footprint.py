@@ -9,6 +9,8 @@ are not counted once per fork) of every runtime process by role, its Python proc
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -99,6 +101,53 @@ def footprint(runtime: SparkRuntime, sessions: Callable[[SparkRuntime], int] | N
     return Footprint(
         roles, len(workers), (sessions or connect_sessions)(runtime), len(daemons(runtime, workers))
     )
+
+
+@dataclass(frozen=True)
+class Collector:
+    """What the JVMs' garbage collectors have done since they started, from ``jstat -gc``: a heap that
+    fills to its cap does not grow, so memory alone cannot see it; the time spent collecting can."""
+
+    gc_s: float
+    full_gcs: int
+    old_used_mb: float
+    old_capacity_mb: float
+
+    @property
+    def old_used(self) -> float:
+        """The old generation's fill, 0 to 1."""
+        return self.old_used_mb / self.old_capacity_mb if self.old_capacity_mb else 0.0
+
+
+def collector(pids: Sequence[int]) -> Collector | None:
+    """The JVMs in ``pids`` summed; None when ``jstat`` is missing (a JRE has none) or a JVM does not
+    answer, so that a probe that could not tell is never read as a quiet collector."""
+    jstat = shutil.which("jstat")
+    if jstat is None or not pids:
+        return None
+    found: list[dict[str, float]] = []
+    for pid in pids:
+        try:
+            out = subprocess.run([jstat, "-gc", str(pid)], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        lines = out.stdout.split("\n")
+        if out.returncode != 0 or len(lines) < 2:
+            return None
+        try:  # a collector without a concurrent phase (serial, parallel) prints "-" for it
+            found.append(dict(zip(lines[0].split(), map(_number, lines[1].split()), strict=True)))
+        except ValueError:
+            return None
+    return Collector(
+        gc_s=round(sum(row["GCT"] for row in found), 2),
+        full_gcs=int(sum(row["FGC"] for row in found)),
+        old_used_mb=round(sum(row["OU"] for row in found) / 1024, 1),
+        old_capacity_mb=round(sum(row["OC"] for row in found) / 1024, 1),
+    )
+
+
+def _number(cell: str) -> float:
+    return 0.0 if cell == "-" else float(cell)
 
 
 def connect_sessions(runtime: SparkRuntime) -> int:

@@ -10,8 +10,16 @@ import subprocess
 import sys
 
 from bench import report
-from bench.runtime_memory import TARGET_MB, Point, epochs_per_pipeline, summary
-from local_stack.footprint import FLAT_FACTOR, FLAT_MARGINS, Footprint, halves_growth
+from bench.runtime_memory import (
+    GC_SHARE_LIMIT,
+    TARGET_MB,
+    Point,
+    collecting,
+    epochs_per_pipeline,
+    pace,
+    summary,
+)
+from local_stack.footprint import FLAT_FACTOR, FLAT_MARGINS, Collector, Footprint, halves_growth
 
 from onceflow.engine import python_daemon
 from tests.unit.fresh_interpreter import modules_after
@@ -58,7 +66,7 @@ def test_a_half_without_values_cannot_be_judged() -> None:
 def test_the_summary_takes_start_and_end_at_rest_and_judges_only_the_running_samples() -> None:
     points = [_point(0, 1900), *(_point(e, 2300 + (e % 3) * 50) for e in range(1, 41)), _point(40, 2000)]
     points[-1].python_processes = 0
-    found = summary(points, settle_s=75)
+    found = summary(points, settle_s=75, pipeline_s=[20.0] * 20)
     assert found["start"]["total_mb"] == 1900
     assert found["end"]["total_mb"] == 2000 and found["end"]["python_processes"] == 0
     assert found["peak"]["total_mb"] == 2400
@@ -68,8 +76,36 @@ def test_the_summary_takes_start_and_end_at_rest_and_judges_only_the_running_sam
 
 def test_python_processes_that_pile_up_are_not_flat() -> None:
     points = [_point(e, 2000, python=2 * e) for e in range(1, 41)]
-    found = summary(points, settle_s=0)
+    found = summary(points, settle_s=0, pipeline_s=[20.0] * 20)
     assert found["flat"] is False and not found["python_processes"]["flat"]
+
+
+def test_a_run_that_slows_down_is_not_flat_though_its_memory_is() -> None:
+    """The heap at its cap: memory level, each tenth of the pipelines slower (22 s to 55 s a pipeline)."""
+    points = [_point(e, 2600) for e in range(1, 41)]
+    slowing = [22.0 + 3.3 * (n // 10) for n in range(100)]
+    found = summary(points, settle_s=0, pipeline_s=slowing)
+    assert found["total_mb"]["flat"] and found["python_processes"]["flat"]
+    assert found["flat"] is False and not found["pace_s"]["flat"]
+    # One slow pipeline in each tenth is noise, not a trend.
+    noisy = [60.0 if n % 10 == 3 else 22.0 for n in range(100)]
+    assert pace(noisy) == [22.0] * 10
+    assert summary(points, settle_s=0, pipeline_s=noisy)["flat"] is True
+
+
+def test_a_collector_busy_for_a_fifth_of_the_run_is_not_flat() -> None:
+    points = [_point(e, 2600) for e in range(1, 41)]
+    before = Collector(gc_s=3.0, full_gcs=1, old_used_mb=200.0, old_capacity_mb=700.0)
+    busy = collecting(before, Collector(560.0, 399, 700.0, 700.0), wall_s=2850.0)
+    assert busy is not None and busy["full_gcs"] == 398 and busy["old_used_after"] == 1.0
+    assert busy["share"] > GC_SHARE_LIMIT and not busy["flat"]
+    assert summary(points, 0, [22.0] * 100, busy)["flat"] is False
+    quiet = collecting(before, Collector(40.0, 3, 300.0, 700.0), wall_s=2850.0)
+    assert quiet is not None and quiet["flat"]
+    assert summary(points, 0, [22.0] * 100, quiet)["flat"] is True
+    # A probe that could not tell judges nothing: the memory and pace rules stand alone.
+    assert collecting(None, before, 100.0) is None
+    assert summary(points, 0, [22.0] * 100, None)["flat"] is True
 
 
 def test_the_report_names_the_size_run_and_never_claims_the_full_target_for_a_smaller_run() -> None:
@@ -82,7 +118,8 @@ def test_the_report_names_the_size_run_and_never_claims_the_full_target_for_a_sm
         "interval_s": 2.0,
         "first_epoch_median_s": 3.0,
         "later_epoch_median_s": 2.0,
-        **summary(points, settle_s=75),
+        **summary(points, settle_s=75, pipeline_s=[30.0] * 10),
+        "pipeline_s": [30.0] * 10,
     }
     rows = dict(
         (target, (measured, verdict)) for target, measured, verdict in report.targets({"runtime_memory": run})
@@ -93,6 +130,11 @@ def test_the_report_names_the_size_run_and_never_claims_the_full_target_for_a_sm
     assert flat[1] == "flat at 10 pipelines, 20 epochs only"
     text = "\n".join(report._runtime_memory_section({"runtime_memory": run}))
     assert "over 10 distinct pipelines (20 epochs)" in text and "| at rest, after | 1250 |" in text
+    assert "garbage collection: not measured" in text
+    # A run from before pace and GC were measured is not judged flat on its memory alone.
+    del run["pipeline_s"]
+    rows = {target: verdict for target, _, verdict in report.targets({"runtime_memory": run})}
+    assert rows["warm runtime flat over 100 pipelines and 1,000 epochs"] == "not judged"
 
 
 def test_footprint_splits_jvms_from_python() -> None:
