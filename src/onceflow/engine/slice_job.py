@@ -232,7 +232,7 @@ def process_on_spark(
         observation = _observation(read.frame)
         observed = read.frame.observe(observation, F.collect_list(dead_column).alias("dead"))
         writes = _outputs(spark, spec, settings, spec.load_transform()(_rows(observed)))
-        refusal = one_pass_refusal(writes, read.frame)
+        refusal = one_pass_refusal(writes, read.leaves)
         if refusal is None:
             # 5. Every sink, one job: the output's partition i is read task i's.
             staged = _write_sinks(ref, [sink for sink, _ in writes], writes[0][1], task_ids)
@@ -359,12 +359,12 @@ def plan_leaves(operators: Sequence[tuple[int, str]]) -> list[str]:
     ]
 
 
-def one_pass_refusal(writes: Sequence[tuple[SinkSpec, Any]], read: Any) -> str | None:
+def one_pass_refusal(writes: Sequence[tuple[SinkSpec, Any]], read_leaves: int) -> str | None:
     """Why the sinks' outputs cannot be written in the read's own tasks, or None when they can.
 
     They can when every sink takes one and the same DataFrame and its physical plan has the read's
-    leaves and none of `_PARTITION_BREAKERS`: then every operator between them is narrow, so output
-    partition i holds read task i's records, in their order.
+    ``read_leaves`` leaves (`DecodedRead.leaves`) and none of `_PARTITION_BREAKERS`: then every operator
+    between them is narrow, so output partition i holds read task i's records, in their order.
     """
     frames = {id(frame) for _, frame in writes}
     if len(frames) != 1:
@@ -376,9 +376,9 @@ def one_pass_refusal(writes: Sequence[tuple[SinkSpec, Any]], read: Any) -> str |
     breakers = sorted({name for _, name in operators} & _PARTITION_BREAKERS)
     if breakers:
         return f"the transform's plan has {', '.join(breakers)}"
-    leaves, read_leaves = plan_leaves(operators), plan_leaves(plan_operators(physical_plan(read)))
-    if len(leaves) != len(read_leaves):
-        return f"the transform's plan reads {len(leaves)} inputs, the slice {len(read_leaves)}"
+    leaves = plan_leaves(operators)
+    if len(leaves) != read_leaves:
+        return f"the transform's plan reads {len(leaves)} inputs, the slice {read_leaves}"
     return None
 
 

@@ -42,6 +42,7 @@ from onceflow.engine.jvm_read import (
     python_read,
     task_kafka_frame,
 )
+from onceflow.engine.slice_job import physical_plan, plan_leaves, plan_operators
 from onceflow.executor.slices import SliceRef
 from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.records import DeadLetter
@@ -374,6 +375,7 @@ def test_the_jvm_path_decodes_avro_as_the_python_reader_does(
     # What a slice does: the JVM path, with the subject's three planned versions.
     read = decoded_read(spark, ref, tasks)
     assert (read.path, read.reason) == (JVM, "Spark's Kafka source and from_avro (3 writer schemas)")
+    assert read.leaves == len(tasks) == len(plan_leaves(plan_operators(physical_plan(read.frame))))
     assert [tuple(r) for r in _collected(read.frame)] == [tuple(r) for r in got]
 
 

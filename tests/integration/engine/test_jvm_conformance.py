@@ -29,6 +29,7 @@ from onceflow.engine.jvm_read import (
     kafka_source_missing,
     task_kafka_frame,
 )
+from onceflow.engine.slice_job import physical_plan, plan_leaves, plan_operators
 from onceflow.executor.reading import read_task, split
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
@@ -291,10 +292,12 @@ def test_a_fault_plan_keeps_the_python_reader(settings, make_topic, spark, tmp_p
     tasks = _tasks(spec, ranges)
     read = decoded_read(spark, ref, tasks)
     assert read.path == JVM
+    assert read.leaves == len(tasks) == len(plan_leaves(plan_operators(physical_plan(read.frame))))
     warm = [tuple(r) for r in read.frame.collect()]
     # Armed in this (the driver's) process only: the server's Python workers never crash here.
     monkeypatch.setenv("ONCEFLOW_CRASH_AT", "task_mid_read")
     read = decoded_read(spark, ref, tasks)
     assert read.path == PYTHON and read.reason == "a fault plan is armed"
+    assert read.leaves == 1 == len(plan_leaves(plan_operators(physical_plan(read.frame))))
     assert [tuple(r) for r in read.frame.collect()] == warm  # the same records, in the same order
     assert len(warm) == 6
