@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,12 +107,12 @@ def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Decode
             reason = f"no writer schema of the Avro records can be decoded in the JVM{why}"
     if reason is None:
         slice_ranges(ref, tasks)  # the tasks cover exactly the slice's ranges
-        kafka, reason = kafka_source_missing(lambda: task_kafka_frame(spark, ref.bootstrap, tasks))
+        kafka, reason = kafka_source_missing(lambda: task_kafka_frame(spark, ref.bootstrap, tasks), spark)
         if reason is None and not isinstance(fmt, AvroFormat):
             frame, _ = jvm_read(kafka, ref)
             return DecodedRead(frame, JVM, "Spark's Kafka source and from_json", len(tasks))
         if reason is None:
-            read, reason = avro_functions_missing(lambda: jvm_read(kafka, ref, plans)[0])
+            read, reason = avro_functions_missing(lambda: jvm_read(kafka, ref, plans)[0], spark)
             if reason is None:
                 how = f"Spark's Kafka source and from_avro ({len(plans)} writer schemas)"
                 return DecodedRead(read, JVM, how, len(tasks))
@@ -218,30 +219,45 @@ def task_kafka_frame(spark: Any, bootstrap: str, tasks: Sequence[ReadTask]) -> A
     return union
 
 
-def kafka_source_missing(load: Callable[[], Any]) -> tuple[Any, str | None]:
+def kafka_source_missing(load: Callable[[], Any], session: Any = None) -> tuple[Any, str | None]:
     """The Kafka read ``load`` builds, and None; or None and why the session has no Kafka source.
 
     Resolving the read's schema loads the source (no record is read; a classic session resolves it
     in ``load`` already). Only a missing source is an answer here: any other failure (Kafka
-    unreachable, a bad range) is the slice's failure.
+    unreachable, a bad range) is the slice's failure. A ``session`` that had the source once is not
+    asked again (`_resolved`).
     """
     markers = ("DATA_SOURCE_NOT_FOUND", "Failed to find data source: kafka")
-    return _resolved(load, markers, "this Spark session has no Kafka source on its classpath")
+    return _resolved(load, markers, "this Spark session has no Kafka source on its classpath", session)
 
 
-def avro_functions_missing(build: Callable[[], Any]) -> tuple[Any, str | None]:
+def avro_functions_missing(build: Callable[[], Any], session: Any = None) -> tuple[Any, str | None]:
     """The frame ``build`` makes, and None; or None and why the session has no spark-avro.
 
     A classic session fails while building ``from_avro`` without the jar, a Spark Connect server when
     it resolves the plan; any other failure is the slice's.
     """
     markers = ("'JavaPackage' object is not callable", "AVRO_NOT_LOADED")
-    return _resolved(build, markers, "this Spark session has no spark-avro (from_avro) on its classpath")
+    missing = "this Spark session has no spark-avro (from_avro) on its classpath"
+    return _resolved(build, markers, missing, session)
 
 
-def _resolved(build: Callable[[], Any], markers: Sequence[str], missing: str) -> tuple[Any, str | None]:
+# The sessions that were found to have each thing `_resolved` asks about. A server's classpath does not
+# change while it runs, and a session on a restarted server is a new session object (`onceflow.engine.
+# connect` opens another when the old one stops answering), so a follower asks once, not every epoch:
+# each question is a round trip that plans the whole read on the server.
+_FOUND: dict[str, weakref.WeakSet[Any]] = {}
+
+
+def _resolved(
+    build: Callable[[], Any], markers: Sequence[str], missing: str, session: Any = None
+) -> tuple[Any, str | None]:
     """The frame ``build`` makes, its plan resolved (on the server, for Spark Connect), and None; or
-    None and ``missing`` when the failure names one of ``markers``. Any other failure is raised."""
+    None and ``missing`` when the failure names one of ``markers``. Any other failure is raised.
+    When ``session`` resolved such a frame before, the frame is built and not resolved again."""
+    found = _FOUND.setdefault(missing, weakref.WeakSet())
+    if session is not None and session in found:
+        return build(), None
     try:
         frame = build()
         frame.schema  # noqa: B018 - resolves the plan
@@ -249,6 +265,8 @@ def _resolved(build: Callable[[], Any], markers: Sequence[str], missing: str) ->
         if any(marker in str(exc) for marker in markers):
             return None, missing
         raise
+    if session is not None:
+        found.add(session)
     return frame, None
 
 
