@@ -77,36 +77,63 @@ def _seconds(stamp: str) -> float:
     return parsed.replace(tzinfo=UTC).timestamp()
 
 
-def cpu_seconds_by_role() -> dict[str, float]:
-    """CPU seconds (user + system) so far of each process that can work on an epoch, summed by role:
-    the Connect server, the executors' JVMs, their Python workers, the Kafka broker(s), PostgreSQL and
-    this process (the slice's driver). Processes that started and ended between two calls are missed;
-    Spark reuses its Python workers, so few do."""
+# CPU seconds so far by role, then by process: {role: {pid: seconds}}. An executor's reaped children
+# (Python workers that exited) sit under the executor's pid negated.
+CpuTimes = dict[str, dict[int, float]]
+
+
+def cpu_seconds_by_role() -> CpuTimes:
+    """CPU seconds (user + system) so far of each process that can work on an epoch, by role: the
+    Connect server, the executors' JVMs (on a lean runtime the server alone, counted once, as an
+    executor), their Python workers, the Kafka broker(s), PostgreSQL and this process (the slice's
+    driver). Each process counts its own seconds and its reaped children's (an executor's go to its
+    Python workers, under its pid negated), so a worker that exits moves its seconds to its daemon, and
+    a daemon to its executor, without being counted twice."""
     import psutil
     from local_stack.spark_runtime import SparkRuntime
 
     runtime = SparkRuntime.from_env()
+    executors = runtime.executor_pids()
     roles: dict[str, list[psutil.Process]] = {"driver": [psutil.Process()]}
-    with contextlib.suppress(psutil.Error, ValueError):
-        roles["connect server"] = [psutil.Process(runtime.pid("connect") or -1)]
-    for pid in runtime.executor_pids():
+    server = runtime.pid("connect")
+    if server is not None and server not in executors:
+        with contextlib.suppress(psutil.Error):
+            roles["connect server"] = [psutil.Process(server)]
+    seconds: CpuTimes = {}
+    for pid in executors:
         with contextlib.suppress(psutil.Error):
             executor = psutil.Process(pid)
             roles.setdefault("executor JVMs", []).append(executor)
             roles.setdefault("executor Python workers", []).extend(executor.children(recursive=True))
+            times = executor.cpu_times()
+            reaped = seconds.setdefault("executor Python workers", {})
+            reaped[-pid] = times.children_user + times.children_system
     for proc in psutil.process_iter(["name", "cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or ())
         if "kafka.Kafka" in cmdline:
             roles.setdefault("Kafka broker", []).append(proc)
         elif proc.info["name"] == "postgres":
             roles.setdefault("PostgreSQL", []).append(proc)
-    seconds: dict[str, float] = {}
     for role, procs in roles.items():
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 times = proc.cpu_times()
-                seconds[role] = seconds.get(role, 0.0) + times.user + times.system
+                spent = times.user + times.system
+                if role != "executor JVMs":  # theirs are the Python role's, under the executor's -pid
+                    spent += times.children_user + times.children_system
+                seconds.setdefault(role, {})[proc.pid] = spent
     return seconds
+
+
+def cpu_spent(before: CpuTimes, after: CpuTimes) -> dict[str, float]:
+    """Each role's CPU seconds between two looks: its total after minus its total before. A process
+    that exited in between has its seconds in its parent's reaped children's (each process above counts
+    its own and its reaped children's), so the totals hold them once; one new since the first look
+    counts from zero."""
+    return {
+        role: round(max(0.0, sum(pids.values()) - sum(before.get(role, {}).values())), 2)
+        for role, pids in after.items()
+    }
 
 
 def default_ui() -> str:
@@ -144,11 +171,7 @@ def measure(records: int, ui: str) -> dict[str, Any]:
             "slices": len(outcome.planned.slices_with_tasks),
             "epoch_seconds": round(seconds, 2),
             **job_costs(ui, app, jobs),
-            # Where the machine's CPU went during the epoch (a process new since the first look counts
-            # from zero).
-            "cpu_seconds": {
-                role: round(spent - cpu_before.get(role, 0.0), 2) for role, spent in cpu_after.items()
-            },
+            "cpu_seconds": cpu_spent(cpu_before, cpu_after),  # where the machine's CPU went
         }
     finally:
         delete_topics(settings.kafka_bootstrap, [dataset.topic])
