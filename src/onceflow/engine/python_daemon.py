@@ -8,6 +8,11 @@ exits on its own once it has had no forked worker for ``ONCEFLOW_PYTHON_DAEMON_I
 (default `IDLE_S`). The factory starts a new daemon at its next task: connecting to the one that exited
 fails with a ``SocketException``, on which Spark stops the old daemon, starts another and connects again.
 
+Before anything of pyspark is imported, it also takes off its path the archives that Spark puts first on
+every Python worker's path (`spark_archives`) where the same pyspark is installed: each task's worker calls
+``importlib.invalidate_caches()``, which in CPython 3.11 reads again the whole directory of every archive
+that a module was imported from, once per package (16 of them, 0.12 s a call, two calls in most tasks).
+
 The check runs in the daemon's own main thread, from a SIGALRM timer (no thread, so that its forks stay
 safe), between two steps of the daemon's loop: never while it forks a worker, and it leaves a
 connection that already waits to be accepted to the loop. The runtime selects it with
@@ -18,11 +23,13 @@ from __future__ import annotations
 
 import gc
 import importlib
+import importlib.machinery
 import os
 import select
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from types import FrameType
 
 from onceflow.config import python_daemon_idle_s
@@ -107,7 +114,44 @@ def preload(names: tuple[str, ...] = PRELOADED) -> list[str]:
     return loaded
 
 
+def spark_archives(path: Sequence[str]) -> list[str]:
+    """The archives on ``path`` (pyspark.zip, py4j's zip, Spark's core jar) that lie inside the pyspark
+    package which imports from the rest of ``path``, with py4j: copies of installed code, safe to drop.
+    None when pyspark or py4j imports only from an archive (a Spark distribution without the wheel)."""
+    archives = [entry for entry in path if entry.endswith((".zip", ".jar")) and os.path.isfile(entry)]
+    rest = [entry for entry in path if entry not in archives]
+    installed = importlib.machinery.PathFinder.find_spec("pyspark", rest)
+    if not archives or installed is None or not installed.submodule_search_locations:
+        return []
+    if importlib.machinery.PathFinder.find_spec("py4j", rest) is None:
+        return []
+    home = os.path.realpath(next(iter(installed.submodule_search_locations))) + os.sep
+    return [entry for entry in archives if os.path.realpath(entry).startswith(home)]
+
+
+def drop_spark_archives() -> list[str]:
+    """Take `spark_archives` off ``sys.path``, out of the importers Python keeps for it (the ones that
+    ``importlib.invalidate_caches`` would ask to read their archive again) and out of the modules found in
+    them; none once pyspark was imported, since its modules would then come from an archive."""
+    if "pyspark" in sys.modules:
+        return []
+    dropped = spark_archives(sys.path)
+    inside = tuple(archive + os.sep for archive in dropped)
+    for archive in dropped:
+        sys.path.remove(archive)
+    for key in [k for k in sys.path_importer_cache if k in dropped or k.startswith(inside)]:
+        del sys.path_importer_cache[key]
+    # Namespace packages found in an archive so far (the standard library's ``copy`` looks for Jython's
+    # ``org.python.core``, and Spark's jar has an ``org`` folder) would keep pointing into it.
+    for name, module in list(sys.modules.items()):
+        found_in = [getattr(module, "__file__", None) or "", *(getattr(module, "__path__", None) or ())]
+        if any(str(place).startswith(inside) for place in found_in):
+            del sys.modules[name]
+    return dropped
+
+
 def main() -> None:
+    drop_spark_archives()
     from pyspark import daemon
 
     preload()
