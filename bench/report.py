@@ -226,7 +226,7 @@ def _runtime_memory_targets(run: dict[str, Any] | None) -> list[tuple[str, str, 
         return []
     size = f"{run['pipelines']} pipelines, {run['epochs']} epochs"
     full = run["pipelines"] >= 100 and run["epochs"] >= 1000
-    if run["flat"] is None or "pipeline_s" not in run:  # memory alone cannot see a heap at its cap
+    if run["flat"] is None or "pace_s" not in run:  # memory alone cannot see a heap at its cap
         flat = "not judged"
     else:
         flat = "MISSED" if not run["flat"] else "met" if full else f"flat at {size} only"

@@ -34,7 +34,8 @@ TARGET_MB = 1536.0  # the issue's 1.5 GB for the whole runtime
 INTERVAL_S = 2.0
 # Spark closes idle forked workers after a minute; the runtime's daemons go 30 s later (checked every 10 s).
 SETTLE_S = 120.0
-# A pipeline of the second half may take FLAT_FACTOR times the first half's slowest plus this.
+# A tenth of the second half (its median pipeline, `pace`) may take FLAT_FACTOR times the first half's
+# slowest tenth plus this.
 PACE_MARGIN_S = 2.0
 # The share of the run's wall time the JVMs may spend collecting garbage: a heap at its cap spends more.
 GC_SHARE_LIMIT = 0.10
