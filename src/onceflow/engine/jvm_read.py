@@ -270,12 +270,19 @@ def _resolved(
     return frame, None
 
 
-def jvm_read(kafka: Any, ref: SliceRef, plans: Sequence[WriterPlan] = ()) -> tuple[Any, Any]:
+# The JSON accept criterion and row values of `jvm_read`: `_accepted`'s signature.
+JsonChecks = Callable[[Any, int], tuple[Any, list[Any]]]
+
+
+def jvm_read(
+    kafka: Any, ref: SliceRef, plans: Sequence[WriterPlan] = (), json_checks: JsonChecks | None = None
+) -> tuple[Any, Any]:
     """The JVM path over a Kafka batch read: rows decoded by Spark, the rest decoded in Python, each
     record in its place.
 
     Returns the decoded frame and the checked records it derives from (``_accepted`` tells which
-    records the JVM decoded itself; ``plans`` are an Avro format's writer schemas to decode). Every
+    records the JVM decoded itself; ``plans`` are an Avro format's writer schemas to decode;
+    ``json_checks`` replaces `_accepted`, for `bench.one_parse` to time another criterion). Every
     step is a projection, so each partition keeps its records' order: a doubtful record goes to a
     Python UDF whose input is null on every accepted record (the cheap case of a batch without doubtful
     records), and comes back as its row or its dead letter.
@@ -290,7 +297,7 @@ def jvm_read(kafka: Any, ref: SliceRef, plans: Sequence[WriterPlan] = ()) -> tup
     if isinstance(spec.format, AvroFormat):
         checked = _avro_checked(records, spec.format, spec.max_record_bytes, plans)
     else:
-        accepted, values = _accepted(spec.format, spec.max_record_bytes)
+        accepted, values = (json_checks or _accepted)(spec.format, spec.max_record_bytes)
         checked = records.select(*RAW_COLUMNS, F.coalesce(accepted, F.lit(False)).alias("_accepted"), *values)
     schema = decoded_schema(ref)
     doubtful = F.when(~F.col("_accepted"), F.struct(*RAW_COLUMNS))

@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 import pytest
+from bench.one_parse import variant_checks
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from onceflow.engine.jvm_read import (
@@ -224,14 +225,16 @@ def _key(letter: DeadLetter) -> tuple[Any, ...]:
     return (letter.partition, letter.offset, letter.key, letter.value, letter.reason, letter.topic)
 
 
-@pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS.keys())
-def test_the_jvm_path_gives_the_python_readers_rows_and_dead_letters(
-    settings, make_topic, spark, tmp_path, fmt
-) -> None:
+def _conforms(
+    settings: Any, make_topic: Any, spark: Any, tmp: str, fmt: JsonFormat, json_checks: Any = None
+) -> tuple[set[tuple[int, int]], list[tuple[Any, ...]], list[DeadLetter]]:
+    """Reads the hostile topic both ways and asserts the same rows and dead letters, in offset order
+    per read task, and no record accepted in the JVM that Python rejects. Returns the records the JVM
+    accepted, and Python's rows and dead letters."""
     topic = make_topic("conformance", partitions=2)
     _produce(settings.kafka_bootstrap, topic)
     ranges = _ranges(settings.kafka_bootstrap, topic)
-    spec = _pipeline(topic, str(tmp_path), fmt)
+    spec = _pipeline(topic, tmp, fmt)
     ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=settings)
     tasks = _tasks(spec, ranges)
 
@@ -250,7 +253,7 @@ def test_the_jvm_path_gives_the_python_readers_rows_and_dead_letters(
     # The JVM path over the same ranges, through the Connect server.
     kafka, missing = kafka_source_missing(lambda: task_kafka_frame(spark, settings.kafka_bootstrap, tasks))
     assert missing is None
-    frame, checked = jvm_read(kafka, ref)
+    frame, checked = jvm_read(kafka, ref, json_checks=json_checks)
     got = frame.collect()  # partition by partition: read task by read task
     accepted = {
         (r["partition"], r["offset"])
@@ -268,6 +271,14 @@ def test_the_jvm_path_gives_the_python_readers_rows_and_dead_letters(
     # Which records the JVM turned into rows itself: none that Python rejects.
     rejected_at = {(d.partition, d.offset) for d in dead}
     assert not accepted & rejected_at
+    return accepted, rows, dead
+
+
+@pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS.keys())
+def test_the_jvm_path_gives_the_python_readers_rows_and_dead_letters(
+    settings, make_topic, spark, tmp_path, fmt
+) -> None:
+    accepted, rows, dead = _conforms(settings, make_topic, spark, str(tmp_path), fmt)
     codes = {d.code for d in dead}
     assert codes >= {"oversized", "null_value", "not_utf8", "malformed_json", "not_object", "wrong_type"}
     if fmt.key_field is None:
@@ -278,6 +289,17 @@ def test_the_jvm_path_gives_the_python_readers_rows_and_dead_letters(
     plain_good = len(PLAIN_GOOD) + 4  # and four of the plain producer's: a header, a timestamp, ...
     assert len(accepted) == plain_good, sorted(accepted)
     assert len(rows) == plain_good + len(DOUBTFUL_GOOD) + 1  # + the duplicate key Python keeps
+
+
+def test_the_one_parse_criterion_that_bench_one_parse_times_is_exact_too(
+    settings, make_topic, spark, tmp_path
+) -> None:
+    """`bench.one_parse` times a single Variant parse against the two parses: the same rows and dead
+    letters here make that a comparison of two correct criteria. It leaves two plainly good records to
+    Python: a duplicate key fails its parse, and "-0.0" is a decimal zero without its sign."""
+    fmt = FORMATS["all_types"]
+    accepted, _, _ = _conforms(settings, make_topic, spark, str(tmp_path), fmt, variant_checks)
+    assert len(accepted) == len(PLAIN_GOOD) + 4 - 2
 
 
 def test_a_fault_plan_keeps_the_python_reader(settings, make_topic, spark, tmp_path, monkeypatch) -> None:
