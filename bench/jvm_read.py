@@ -27,6 +27,7 @@ from onceflow import redact
 from onceflow.config import Settings
 from onceflow.engine.jvm_avro import writer_plans
 from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, python_read, task_kafka_frame
+from onceflow.engine.slice_job import SLICE_SQL_CONF
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import AvroFormat, JsonFormat, KafkaSource, Pipeline, SinkSpec
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ref = SliceRef(spec, 1, 0, tuple(ranges), bootstrap, settings=settings)
     spark = SparkSession.builder.remote(remote).create()
     try:
+        for key, setting in SLICE_SQL_CONF.items():  # as a slice's session has them
+            spark.conf.set(key, setting)
         spark.range(1).collect()  # the session is open before either run is timed
 
         def python() -> tuple[Any, Any]:
