@@ -30,13 +30,12 @@ from bench.jvm_read import PARTITIONS, SCHEMA, produce
 from onceflow import redact
 from onceflow.config import Settings
 from onceflow.engine.jvm_read import (
-    _META,
     _RESERVED_ESCAPES,
     _SENTINEL,
     _SENTINEL_SUFFIX,
     _accepted,
-    _key_checks,
     _within,
+    json_row,
     jvm_read,
     task_kafka_frame,
 )
@@ -60,7 +59,7 @@ def variant_checks(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
 
     if not isinstance(fmt, JsonFormat):
         return _accepted(fmt, max_record_bytes)
-    key, value = F.col("key"), F.col("value")
+    value = F.col("value")
     text = value.cast("string")
     names = ", ".join(f"`{name.replace('`', '``')}`: variant" for name in fmt.schema)
     # Like `_accepted`'s shape: the value, then a sentinel it cannot spell, as one array of two.
@@ -96,13 +95,7 @@ def variant_checks(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
         absent = field.isNull() | F.is_variant_null(field)
         checks.append(present | absent if nullable else present)
         values.append(F.when(present, got))
-    if fmt.key_field is not None:
-        checks += _key_checks()
-        values.append(key.cast("string"))
-    accepted = checks[0]
-    for check in checks[1:]:
-        accepted = accepted & check
-    return accepted, [c.alias(f"_v{i}") for i, c in enumerate([*values, *(F.col(m) for m in _META)])]
+    return json_row(fmt, checks, values)
 
 
 CRITERIA = {"two parses (onceflow)": None, "one Variant parse": variant_checks}

@@ -401,12 +401,21 @@ def _accepted(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
         # A null from a parse without failure is a missing field or a JSON null: a row only if nullable.
         checks.append(present | field.isNull() if nullable else present)
         values.append(field)
+    return json_row(fmt, checks, values)
+
+
+def json_row(fmt: JsonFormat, checks: list[Any], values: list[Any]) -> tuple[Any, list[Any]]:
+    """A JSON criterion's end: the key's checks and text where the format takes the key, every check
+    joined into one, and the row's values named ``_v0``, ``_v1``, ... with the metadata last."""
+    from pyspark.sql import functions as F
+
     if fmt.key_field is not None:
-        checks += _key_checks()
-        values.append(key.cast("string"))
+        checks = [*checks, *_key_checks()]
+        values = [*values, F.col("key").cast("string")]
     accepted = checks[0]
     for check in checks[1:]:
         accepted = accepted & check
+    meta = [F.col(name) for name in _META]
     return accepted, [c.alias(f"_v{i}") for i, c in enumerate([*values, *meta])]
 
 
