@@ -24,6 +24,11 @@ _DEFAULT_HOME = Path.cwd() / ".onceflow"
 # "connect" and "submit" insist on one of them; "local" runs them in the driver's process, without Spark.
 Executor: TypeAlias = Literal["spark", "connect", "submit", "local"]
 EXECUTORS: tuple[Executor, ...] = ("spark", "connect", "submit", "local")
+# How a Spark slice reads and decodes JSON records: "python" in each task's Python worker (a Kafka
+# consumer per read task, one parse per record), "jvm" with Spark's Kafka source and from_json (what the
+# JVM cannot prove good still goes to Python). README's Performance section has the two side by side.
+JsonRead: TypeAlias = Literal["python", "jvm"]
+JSON_READS: tuple[JsonRead, ...] = ("python", "jvm")
 _REGISTRY_SCHEMES = ("http://", "https://", "file:///")
 
 
@@ -56,6 +61,8 @@ class Settings:
     # (ONCEFLOW_SCHEMA_REGISTRY_URL): http(s):// for a registry server, file:///folder for a folder of
     # schemas (`onceflow.schema_registry`), or None.
     schema_registry_url: str | None = None
+    # Which path reads JSON records in a Spark slice (ONCEFLOW_JSON_READ), see `JsonRead`.
+    json_read: JsonRead = "python"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -75,6 +82,7 @@ class Settings:
             executor=cast(Executor, env.get("ONCEFLOW_EXECUTOR", "").strip() or "spark"),
             pipelines=tuple(p.strip() for p in env.get("ONCEFLOW_PIPELINES", "").split(",") if p.strip()),
             schema_registry_url=env.get("ONCEFLOW_SCHEMA_REGISTRY_URL", "").strip() or None,
+            json_read=cast(JsonRead, env.get("ONCEFLOW_JSON_READ", "").strip() or "python"),
         )
         settings.validate()
         return settings
@@ -101,6 +109,8 @@ class Settings:
             )
         if self.executor not in EXECUTORS:
             raise ConfigError(f"ONCEFLOW_EXECUTOR={self.executor!r}: expected one of {', '.join(EXECUTORS)}")
+        if self.json_read not in JSON_READS:
+            raise ConfigError(f"ONCEFLOW_JSON_READ={self.json_read!r}: expected {' or '.join(JSON_READS)}")
         if self.schema_registry_url is not None and not self.schema_registry_url.startswith(
             _REGISTRY_SCHEMES
         ):
@@ -127,6 +137,7 @@ class Settings:
             "ONCEFLOW_DEAD_LETTER_DAYS": f"{self.dead_letter_days:g}",
             "ONCEFLOW_SPARK_MASTER": self.spark_master,
             "ONCEFLOW_EXECUTOR": self.executor,
+            "ONCEFLOW_JSON_READ": self.json_read,
             **({} if self.spark_jobs is None else {"ONCEFLOW_SPARK_JOBS": str(self.spark_jobs)}),
             **({} if self.spark_remote is None else {"ONCEFLOW_SPARK_REMOTE": self.spark_remote}),
             **({"ONCEFLOW_PIPELINES": ",".join(self.pipelines)} if self.pipelines else {}),

@@ -48,13 +48,14 @@ AVRO_MATRIX = [
 
 def _on_spark(tmp_path: Path) -> dict[str, str]:
     """One slice, a transform that keeps every partition's rows, and Spark's Kafka source on the
-    spark-submit drivers' classpath: the slices without a fault plan run in one pass on the JVM path
-    (a fault plan keeps the Python reader, where the task points are)."""
+    spark-submit drivers' classpath with JSON read there: the slices without a fault plan run in one
+    pass on the JVM path (a fault plan keeps the Python reader, where the task points are)."""
     conf = harness.spark_conf_with_kafka(tmp_path / "spark-conf")
     return {
         "ONCEFLOW_FAULTS_SLICES": "1",
         "ONCEFLOW_FAULTS_TRANSFORM": "tests.faults.pipelines:keep_every_record",
         "SPARK_CONF_DIR": str(conf),
+        "ONCEFLOW_JSON_READ": "jvm",
     }
 
 

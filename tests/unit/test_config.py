@@ -15,18 +15,19 @@ from onceflow.errors import ConfigError
 def test_the_spark_and_executor_variables_are_settings() -> None:
     defaults = Settings.from_env({})
     assert (defaults.spark_jobs, defaults.spark_master, defaults.spark_remote) == (None, "local[2]", None)
-    assert (defaults.executor, defaults.pipelines) == ("spark", ())
+    assert (defaults.executor, defaults.pipelines, defaults.json_read) == ("spark", (), "python")
     env = {
         "ONCEFLOW_SPARK_JOBS": "/opt/jobs",
         "ONCEFLOW_SPARK_MASTER": "local[2,3]",
         "ONCEFLOW_SPARK_REMOTE": "sc://127.0.0.1:15002",
         "ONCEFLOW_EXECUTOR": "local",
         "ONCEFLOW_PIPELINES": "a.b:C, d:E,",
+        "ONCEFLOW_JSON_READ": "jvm",
     }
     settings = Settings.from_env(env)
     assert settings.spark_jobs == Path("/opt/jobs") and settings.spark_master == "local[2,3]"
     assert settings.spark_remote == "sc://127.0.0.1:15002" and settings.executor == "local"
-    assert settings.pipelines == ("a.b:C", "d:E")
+    assert settings.pipelines == ("a.b:C", "d:E") and settings.json_read == "jvm"
     assert Settings.from_env(settings.as_env()) == settings  # a child process gets the same settings
     assert Settings.from_env(defaults.as_env()) == defaults
 
@@ -41,6 +42,7 @@ def test_the_spark_and_executor_variables_are_settings() -> None:
         ),
         ("ONCEFLOW_EXECUTOR", "yarn", r"^ONCEFLOW_EXECUTOR='yarn': expected one of spark, connect, submit"),
         ("ONCEFLOW_PIPELINES", "a.b:C,nocolon", r"^ONCEFLOW_PIPELINES='a.b:C,nocolon': 'nocolon' is not"),
+        ("ONCEFLOW_JSON_READ", "Python", r"^ONCEFLOW_JSON_READ='Python': expected python or jvm$"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_variable(variable: str, value: str, message: str) -> None:

@@ -87,15 +87,18 @@ class DecodedRead:
 def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> DecodedRead:
     """The slice's records, rows and dead letters together, one Spark partition per read task.
 
-    The path rule: Python when a fault plan is armed, a schema name holds the reserved character, or
-    the records are Avro of which no writer schema can be decoded in the JVM; else the JVM, unless the
-    session has no Kafka source, or no spark-avro for Avro (then Python, and the reason says so).
+    The path rule: Python when a fault plan is armed, for JSON unless the settings choose the JVM
+    (`Settings.json_read`; a schema name holding the reserved character keeps it in Python), and for
+    Avro of which no writer schema can be decoded in the JVM; else the JVM, unless the session has no
+    Kafka source, or no spark-avro for Avro (then Python, and the reason says so).
     """
     fmt = ref.pipeline.format
     reason = None
     plans: list[WriterPlan] = []
     if plan_armed():  # crash and pause points sit in the Python reader
         reason = "a fault plan is armed"
+    elif isinstance(fmt, JsonFormat) and ref.settings.json_read == "python":
+        reason = "the settings read JSON in Python (ONCEFLOW_JSON_READ=python)"
     elif isinstance(fmt, JsonFormat) and any(_SENTINEL in name for name, _, _ in row_columns(fmt)):
         reason = "a schema field name holds U+0001"
     elif isinstance(fmt, AvroFormat):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -302,7 +303,9 @@ def test_the_one_parse_criterion_that_bench_one_parse_times_is_exact_too(
     assert len(accepted) == len(PLAIN_GOOD) + 4 - 2
 
 
-def test_a_fault_plan_keeps_the_python_reader(settings, make_topic, spark, tmp_path, monkeypatch) -> None:
+def test_the_settings_choose_the_json_path_and_a_fault_plan_keeps_the_python_reader(
+    settings, make_topic, spark, tmp_path, monkeypatch
+) -> None:
     topic = make_topic("conformance", partitions=2)
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
     for n in range(6):
@@ -310,12 +313,21 @@ def test_a_fault_plan_keeps_the_python_reader(settings, make_topic, spark, tmp_p
     producer.flush(30)
     ranges = _ranges(settings.kafka_bootstrap, topic)
     spec = _pipeline(topic, str(tmp_path))
-    ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=settings)
     tasks = _tasks(spec, ranges)
+
+    def ref_reading(json_read: str) -> SliceRef:
+        chosen = replace(settings, json_read=json_read)
+        return SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=chosen)
+
+    read = decoded_read(spark, ref_reading("python"), tasks)
+    assert read.path == PYTHON and "(ONCEFLOW_JSON_READ=python)" in read.reason
+    python = [tuple(r) for r in read.frame.collect()]
+    ref = ref_reading("jvm")
     read = decoded_read(spark, ref, tasks)
     assert read.path == JVM
     assert read.leaves == len(tasks) == len(plan_leaves(plan_operators(physical_plan(read.frame))))
     warm = [tuple(r) for r in read.frame.collect()]
+    assert warm == python
     # Armed in this (the driver's) process only: the server's Python workers never crash here.
     monkeypatch.setenv("ONCEFLOW_CRASH_AT", "task_mid_read")
     read = decoded_read(spark, ref, tasks)

@@ -5,10 +5,11 @@ then turns into rows (an escaped surrogate pair), some into dead letters (malfor
 an aborted transaction leaves invisible records and markers between them. The pipeline's transform
 drops some rows and adds a column; its Kafka sink is keyed by source partition and its files sink
 keeps every row's position, so each output shows whether a source partition's records kept their
-offset order. It runs on the warm runtime (the Spark Connect server of ONCEFLOW_SPARK_REMOTE), through
-spark-submit with Spark's Kafka source on the classpath (the JVM read path, in one pass), through
-spark-submit without it (the Python read path) and, without the transform, on the local executor;
-and with a transform that shuffles (one job per sink, each source partition put back in order).
+offset order. It runs on the warm runtime (the Spark Connect server of ONCEFLOW_SPARK_REMOTE) on both
+JSON read paths (the default Python reader, and Spark's Kafka source with ONCEFLOW_JSON_READ=jvm),
+through spark-submit with Spark's Kafka source on the classpath and the JVM read path chosen (in one
+pass), through spark-submit without it (the Python read path) and, without the transform, on the local
+executor; and with a transform that shuffles (one job per sink, each source partition put back in order).
 """
 
 from __future__ import annotations
@@ -71,16 +72,18 @@ def _produce(bootstrap: str, topic: str) -> tuple[dict[int, int], int]:
     return rows, dead
 
 
-@pytest.mark.parametrize("path", ["warm", "jvm", "python", "local", "shuffled"])
+@pytest.mark.parametrize("path", ["warm", "warm_jvm", "jvm", "python", "local", "shuffled"])
 def test_each_source_partition_keeps_its_order_in_every_output(
     stack, settings, make_topic, tmp_path, monkeypatch, capfd, path
 ) -> None:
     out_topic = make_topic("ordered-out", partitions=2)
     monkeypatch.setenv("ONCEFLOW_TEST_OUT_TOPIC", out_topic)
-    if path != "warm":
+    warm = path.startswith("warm")
+    if not warm:
         monkeypatch.delenv("ONCEFLOW_SPARK_REMOTE", raising=False)
     if path == "jvm":
         monkeypatch.setenv("SPARK_CONF_DIR", str(spark_conf_with_kafka(tmp_path / "spark-conf")))
+    monkeypatch.setenv("ONCEFLOW_JSON_READ", "jvm" if path.endswith("jvm") else "python")
     rows, dead = _produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"])
     logs: list[str] = []
     submit = runner.submit_slice
@@ -93,7 +96,7 @@ def test_each_source_partition_keeps_its_order_in_every_output(
     monkeypatch.setattr(runner, "submit_slice", submit_and_keep_log)
     name = {"local": "ORDERED_PLAIN", "shuffled": "ORDERED_SHUFFLED"}.get(path, "ORDERED")
     pipeline = f"tests.integration.engine.pipelines:{name}"
-    executor = {"warm": "connect", "local": "local"}.get(path, "submit")
+    executor = "connect" if warm else {"local": "local"}.get(path, "submit")
     outcome = runner.run_epoch(pipeline, Settings.from_env(), executor=executor)
     assert outcome.epoch.status == EpochStatus.COMMITTED
 
@@ -109,11 +112,11 @@ def test_each_source_partition_keeps_its_order_in_every_output(
         letters = ledger.dead_letters(outcome.epoch.pipeline)
     assert len(letters) == dead
     if path != "local":  # the slice ran on the path it was meant to, in one Spark job
-        if path == "warm":  # the slice's driver is this process
+        if warm:  # the slice's driver is this process
             logs.append(capfd.readouterr().err)
         assert len(logs) == 1
         said = [line for line in logs[0].splitlines() if line.startswith("[onceflow process]")]
-        read_path = {"warm": "jvm", "shuffled": "python"}.get(path, path)
+        read_path = "jvm" if path.endswith("jvm") else "python"
         assert any(f"{read_path} read path" in line for line in said), said
         if path == "shuffled":
             assert any("one job per sink: the transform's plan has Exchange" in line for line in said), said
