@@ -52,6 +52,7 @@ def read_range(
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "error",  # a deleted start is an error, never a silent jump
                 "enable.partition.eof": True,
+                **prefetch_config(offset_range),
                 **(config or {}),
             },
         )
@@ -102,6 +103,20 @@ def read_range(
                     )
     finally:
         consumer.close()
+
+
+# The most a range reader keeps fetched ahead of what it has delivered (librdkafka's default is 64 MB
+# per partition), so that a Python worker's memory does not follow the topic's size.
+PREFETCH_KBYTES = 16384
+
+
+def prefetch_config(offset_range: OffsetRange) -> dict[str, int]:
+    """How far ahead the consumer fetches: librdkafka keeps up to 100,000 records per partition queued
+    by default, whatever follows the range, so a read task of a long partition fetched and decompressed
+    up to twice its range (and held it). A range needs no record past its end."""
+    wanted = offset_range.until_offset - offset_range.from_offset
+    queued = max(1, min(100_000, wanted))
+    return {"queued.min.messages": queued, "queued.max.messages.kbytes": PREFETCH_KBYTES}
 
 
 def _position(consumer: Any, partition: Any) -> int:
