@@ -12,7 +12,7 @@ import base64
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from onceflow.avro_records import AvroDecoder, AvroReject
 from onceflow.pipeline import AvroFormat, JsonFormat, RecordFormat
@@ -37,9 +37,12 @@ DEAD_LETTER_CODES: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class KafkaRecord:
-    """A record as stored in Kafka. ``timestamp`` is in ms, None when the broker has none."""
+class KafkaRecord(NamedTuple):
+    """A record as stored in Kafka. ``timestamp`` is in ms, None when the broker has none.
+
+    A named tuple, not a frozen dataclass: the Python reader makes one for every record an epoch reads,
+    and a tuple is made in half the time (about 1 µs a record less).
+    """
 
     topic: str
     partition: int
@@ -221,6 +224,7 @@ class RowDecoder:
             if isinstance(fmt, JsonFormat)
             else ()
         )
+        self._json = isinstance(fmt, JsonFormat)
         self._key_field = fmt.key_field if isinstance(fmt, JsonFormat | AvroFormat) else None
         # Avro values go to fastavro; ``registry`` resolves writer schema ids (wire="registry").
         self._avro = AvroDecoder(fmt, registry) if isinstance(fmt, AvroFormat) else None
@@ -238,7 +242,7 @@ class RowDecoder:
                     "oversized", f"{record.size} bytes of key and value, limit {self.max_record_bytes}"
                 )
             values: list[Any]
-            if isinstance(self.fmt, JsonFormat):
+            if self._json:
                 values = self._json_values(record)
             elif self._avro is not None:
                 values = self._avro_values(self._avro, record)

@@ -40,7 +40,7 @@ def read_range(
         raise ValueError("batch_size, poll_timeout_s and stall_timeout_s must be positive")
     if offset_range.is_empty:
         return
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
         kafka_config(
@@ -87,7 +87,7 @@ def read_range(
                     reached_end = True
                     break
                 delivered = True
-                yield _record(message)
+                yield _record(message, TIMESTAMP_NOT_AVAILABLE)
             current = _position(consumer, TopicPartition(topic, partition))
             if reached_end or current >= until:
                 return
@@ -125,17 +125,17 @@ def _position(consumer: Any, partition: Any) -> int:
     return int(positions[0].offset)
 
 
-def _record(message: Any) -> KafkaRecord:
-    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
-
+def _record(message: Any, no_timestamp: int) -> KafkaRecord:
+    """The record of a consumed message (``no_timestamp``: the client's TIMESTAMP_NOT_AVAILABLE, looked
+    up once per range: this runs for every record)."""
     timestamp_type, timestamp = message.timestamp()
-    headers = message.headers() or []
+    headers = message.headers()
     return KafkaRecord(
-        topic=message.topic(),
-        partition=message.partition(),
-        offset=message.offset(),
-        timestamp=None if timestamp_type == TIMESTAMP_NOT_AVAILABLE else int(timestamp),
-        key=message.key(),
-        value=message.value(),
-        headers=tuple((str(name), value) for name, value in headers),
+        message.topic(),
+        message.partition(),
+        message.offset(),
+        None if timestamp_type == no_timestamp else timestamp,
+        message.key(),
+        message.value(),
+        tuple((str(name), value) for name, value in headers) if headers else (),
     )
