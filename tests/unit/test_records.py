@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 
 from onceflow.pipeline import JsonFormat, RawFormat
 from onceflow.records import (
+    _JSON,
     DEAD_LETTER_CODES,
     DEAD_LETTER_PREFIX_BYTES,
     DEAD_LETTERS_WITH_PAYLOAD,
     DeadLetter,
     KafkaRecord,
+    _json_document,
     decode_record,
     decode_records,
     spark_schema,
@@ -164,3 +166,52 @@ def test_a_flood_of_large_bad_records_keeps_a_bounded_prefix_and_every_offset() 
     assert kept <= 2 * DEAD_LETTER_PREFIX_BYTES * DEAD_LETTERS_WITH_PAYLOAD
     again = DeadLetter.from_json(letters[-1].to_json())  # the sizes travel to the driver
     assert (again.value, again.value_size, again.key_size) == (None, len(big), 3000)
+
+
+JSON_EDGES = [
+    '{"a": 1}',
+    ' {"a": 1}',
+    '{"a": 1}\n',
+    "\t{}\r\n ",
+    '{"a": 1} {"b": 2}',
+    '{"a": 1}x',
+    "",
+    "   ",
+    "{",
+    '{"a": NaN}',
+    '{"a": -Infinity}',
+    "[1, 2]",
+    '"text"',
+    '{"a": 1,}',
+    "\u00a0{}",
+]
+
+
+@pytest.mark.parametrize("text", JSON_EDGES)
+def test_the_decoders_fast_path_answers_as_the_json_module_does(text: str) -> None:
+    """`_json_document` skips the decoder's whitespace matches on a plain value: whatever the text, its
+    document or its error message is the decoder's own, so dead letters keep their reasons."""
+    try:
+        expected: object = _JSON.decode(text)
+    except ValueError as exc:
+        expected = ("error", type(exc), str(exc))
+    try:
+        got: object = _json_document(text)
+    except ValueError as exc:
+        got = ("error", type(exc), str(exc))
+    assert got == expected
+
+
+@given(st.text(alphabet=' \t\n\r{}[]":,0123456789.eE+-abcnultrfsNIy\\', max_size=24))
+def test_the_decoders_fast_path_agrees_on_arbitrary_text(text: str) -> None:
+    try:
+        expected: object = _JSON.decode(text)
+    except ValueError as exc:
+        expected = ("error", str(exc))
+    except RecursionError:
+        return
+    try:
+        got: object = _json_document(text)
+    except ValueError as exc:
+        got = ("error", str(exc))
+    assert got == expected
