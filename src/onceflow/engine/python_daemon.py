@@ -3,7 +3,8 @@
 Spark 4.1 gives every Spark Connect session that runs Python a Python worker factory of its own on each
 executor, with its own ``pyspark.daemon``, and keeps it until the executor stops; onceflow joins one
 session per pipeline and modules, so a runtime that has seen N pipelines holds 2N daemons (about 43 MB
-each) for ever. The factory already closes its idle forked workers after a minute; this daemon then
+each) for ever. The runtime's workers exit with their task (``spark.python.worker.reuse false``; Spark
+would keep idle ones a minute); this daemon then
 exits on its own once it has had no forked worker for ``ONCEFLOW_PYTHON_DAEMON_IDLE_S`` seconds
 (default `IDLE_S`). The factory starts a new daemon at its next task: connecting to the one that exited
 fails with a ``SocketException``, on which Spark stops the old daemon, starts another and connects again.
