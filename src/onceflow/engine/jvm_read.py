@@ -98,7 +98,7 @@ def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Decode
     if plan_armed():  # crash and pause points sit in the Python reader
         reason = "a fault plan is armed"
     elif isinstance(fmt, JsonFormat) and ref.settings.json_read == "python":
-        reason = "the settings read JSON in Python (ONCEFLOW_JSON_READ=python)"
+        reason = "ONCEFLOW_JSON_READ=python, the default"
     elif isinstance(fmt, JsonFormat) and any(_SENTINEL in name for name, _, _ in row_columns(fmt)):
         reason = "a schema field name holds U+0001"
     elif isinstance(fmt, AvroFormat):

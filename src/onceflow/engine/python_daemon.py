@@ -3,11 +3,11 @@
 Spark 4.1 gives every Spark Connect session that runs Python a Python worker factory of its own on each
 executor, with its own ``pyspark.daemon``, and keeps it until the executor stops; onceflow joins one
 session per pipeline and modules, so a runtime that has seen N pipelines holds 2N daemons (about 43 MB
-each) for ever. The runtime's workers exit with their task (``spark.python.worker.reuse false``; Spark
-would keep idle ones a minute); this daemon then
-exits on its own once it has had no forked worker for ``ONCEFLOW_PYTHON_DAEMON_IDLE_S`` seconds
-(default `IDLE_S`). The factory starts a new daemon at its next task: connecting to the one that exited
-fails with a ``SocketException``, on which Spark stops the old daemon, starts another and connects again.
+each) for ever. The runtime's workers exit with their task (``spark.python.worker.reuse false``, where
+Spark would keep idle ones a minute); this daemon then exits on its own once it has had no forked
+worker for ``ONCEFLOW_PYTHON_DAEMON_IDLE_S`` seconds (default `IDLE_S`). The factory starts a new
+daemon at its next task: connecting to the one that exited fails with a ``SocketException``, on which
+Spark stops the old daemon, starts another and connects again.
 
 Before anything of pyspark is imported, it also takes off its path the archives that Spark puts first on
 every Python worker's path (`spark_archives`) where the same pyspark is installed: each task's worker calls

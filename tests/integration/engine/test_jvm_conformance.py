@@ -320,7 +320,7 @@ def test_the_settings_choose_the_json_path_and_a_fault_plan_keeps_the_python_rea
         return SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=chosen)
 
     read = decoded_read(spark, ref_reading("python"), tasks)
-    assert read.path == PYTHON and "(ONCEFLOW_JSON_READ=python)" in read.reason
+    assert (read.path, read.reason) == (PYTHON, "ONCEFLOW_JSON_READ=python, the default")
     python = [tuple(r) for r in read.frame.collect()]
     ref = ref_reading("jvm")
     read = decoded_read(spark, ref, tasks)
