@@ -360,17 +360,15 @@ def _notes_section(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"- **Pipeline vs the limit and quix-streams (warm runtime, {int(size):,} records).** No JVM "
             f"start-up per epoch any more: the pipeline ran at {rate:,.0f} records/s, {process * 100:.0f} % "
-            "of it in the process step, where Spark's Kafka source reads the exact ranges, `from_json` and "
-            "the checks decide which records need Python, the transform runs, and the write tasks stage "
-            "Arrow batches. The checks are the largest part left: a decode profile of 10^6 records "
-            "(`bench/jvm_read.py`) spent 4.8 s reading, about 1 s in `from_json` and about 6 s in the "
-            "extra checks. Measured later by the executors' CPU time on 10^6 values (no Kafka read): "
-            "the checks cost 6.4 s, of which the second parse that proves a value holds exactly one JSON "
-            "object is 2.8 s and telling JSON strings from other values only 0.3 s. One parse into a "
-            "Variant instead of the two (`bench/one_parse.py`) was slower, 14.8 s against 11.0 s for the "
-            "decoded frame of 10^6 records: taking each field's kind and value out of the Variant costs "
-            "more than the second parse. All of it shares 2 cores with the Kafka broker, PostgreSQL and "
-            "the driver."
+            "of it in the process step, where each Spark task's Python worker reads its exact range with "
+            "a Kafka consumer and parses each JSON record once (`ONCEFLOW_JSON_READ=python`, the default), "
+            "the transform runs in the JVM, and the write tasks stage Arrow batches. The Python workers "
+            "are the largest part: about 8.5 of an epoch's CPU seconds per 10^6 records, the JSON parse "
+            "the largest share of theirs (a `py-spy` profile). The JVM path (`ONCEFLOW_JSON_READ=jvm`: "
+            "Spark's Kafka source, `from_json` and the checks that prove which records the JVM may accept) "
+            "took 12.5-13.8 s for the epoch the Python reader does in 7.5 s; one parse into a Variant "
+            "instead of its two (`bench/one_parse.py`) was slower still. All of it shares 2 cores with the "
+            "Kafka broker, PostgreSQL and the driver."
         )
     lines += _where_the_time_goes(results)
     if share is not None:
@@ -507,7 +505,8 @@ def _avro_section(results: dict[str, Any]) -> list[str]:
         "exactly-once files pipeline on each topic (its format the only difference), then Structured "
         "Streaming on each, the Avro one cutting off the 5-byte header and reading the body with "
         "spark-avro's `from_avro`. Ratios are taken within each round; the last row is the median. "
-        "onceflow reads both on its JVM path: Spark's Kafka source with `from_json`, or with `from_avro` "
+        "onceflow read both on its JVM path (before JSON's default became the Python reader): Spark's "
+        "Kafka source with `from_json`, or with `from_avro` "
         "and the writer schemas of the topic's subject (`<topic>-value`, where the schema is "
         "registered); each slice's log line names the path it took.",
         "",
@@ -719,9 +718,11 @@ def _where_the_time_goes(results: dict[str, Any]) -> list[str]:
         f"one stage, no shuffle, {median(r['tasks'] for r in runs):g} tasks; the epoch took "
         f"{epoch:.1f} s (median), in which 2 cores could spend {2 * epoch:.0f} CPU seconds: "
         + ", ".join(f"{role} {seconds:.1f}" for role, seconds in busiest)
-        + ". The executors' JVMs do the Kafka read, the two `from_json` parses and the checks, and the "
-        "conversion of every batch to Arrow and back for the Python UDF of doubtful records (null here: "
-        "none is doubtful) and for the sinks' writers; the Python workers write the Parquet files. Thread "
+        + ". The Python workers read, decode and build Arrow batches, and write the Parquet files; the "
+        "executors' JVMs convert the batches to rows and back around the filter and projection. Workers "
+        "that exit with their task (`spark.python.worker.reuse false`) are counted only as far as their "
+        "daemon has reaped them by the second look, so their share here is low; `bench.spark_jobs` with "
+        "workers reused measured 8.4-8.6 s. Thread "
         "dumps of the executors taken during such an epoch found a third of the busy task threads in "
         "Spark 4's per-row sizing of Arrow batches (`ArrowWriter.sizeInBytes`); slices now turn it off "
         "(`spark.sql.execution.arrow.maxBytesPerBatch` at Int.MaxValue, batches bounded by rows as in "
