@@ -28,9 +28,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 IDLE_S = 5
 # The server closes a session idle for 20 s (checked every 5 s); the suite's runtime, after 10 minutes.
+SESSION_IDLE_S = 20
 SESSION_TIMEOUT = " ".join(
     (
-        "spark.connect.session.manager.defaultSessionTimeout=20s",
+        f"spark.connect.session.manager.defaultSessionTimeout={SESSION_IDLE_S}s",
         "spark.connect.session.manager.maintenanceInterval=5s",
     )
 )
@@ -90,11 +91,14 @@ def test_a_lean_runtime_is_one_jvm_delivers_once_and_its_idle_python_daemons_exi
     first = _daemons(runtime)
     assert first, "the epoch ran no Python daemon under the Connect server"
     assert str(IDLE_S) in {_environ(pid).get("ONCEFLOW_PYTHON_DAEMON_IDLE_S") for pid in first}
-    # Spark closes idle forked workers after a minute; the daemon then waits its own idle time.
-    deadline = time.monotonic() + 60 + IDLE_S + 60
+    # The workers exit with their task; the daemon then waits its own idle time.
+    ended = time.monotonic()
+    deadline = ended + IDLE_S + 60
     while _daemons(runtime):
         assert time.monotonic() < deadline, "the lean runtime's Python daemons did not exit when idle"
         time.sleep(3)
+    # The server closes the session once idle for SESSION_IDLE_S (checked every 5 s): wait that out too.
+    time.sleep(max(0.0, ended + SESSION_IDLE_S + 5 + 3 - time.monotonic()))
 
     produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(30, 30))
     two = run_epoch(ORDERS, Settings.from_env(), executor="connect", spark_remote_url=remote)
