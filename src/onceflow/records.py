@@ -224,7 +224,6 @@ class RowDecoder:
             if isinstance(fmt, JsonFormat)
             else ()
         )
-        self._json = isinstance(fmt, JsonFormat)
         self._key_field = fmt.key_field if isinstance(fmt, JsonFormat | AvroFormat) else None
         # Avro values go to fastavro; ``registry`` resolves writer schema ids (wire="registry").
         self._avro = AvroDecoder(fmt, registry) if isinstance(fmt, AvroFormat) else None
@@ -237,13 +236,12 @@ class RowDecoder:
 
     def decode(self, record: KafkaRecord) -> tuple[Any, ...] | DeadLetter:
         try:
-            # KafkaRecord.size, inline: this runs for every record.
-            if len(record.value or b"") + len(record.key or b"") > self.max_record_bytes:
+            if record.size > self.max_record_bytes:
                 raise _Reject(
                     "oversized", f"{record.size} bytes of key and value, limit {self.max_record_bytes}"
                 )
             values: list[Any]
-            if self._json:
+            if isinstance(self.fmt, JsonFormat):
                 values = self._json_values(record)
             elif self._avro is not None:
                 values = self._avro_values(self._avro, record)
