@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from onceflow.avro_records import AvroDecoder, AvroReject
 from onceflow.pipeline import AvroFormat, JsonFormat, RecordFormat
 from onceflow.schema_registry import SchemaRegistry
+from onceflow.typed_json import typed_decoder
 
 Row = dict[str, Any]
 
@@ -205,8 +206,10 @@ class RowDecoder:
     """Decodes the records of one format into row tuples (in `row_columns` order) or dead letters.
 
     Built once per format and task, so that the per-record path, which runs for every record an epoch
-    reads, does no schema look-ups: each field's accepted Python type is resolved here, and only a value
-    that fails the fast type test goes through `_convert` for its precise reason.
+    reads, does no schema look-ups. A JSON record goes first to the format's typed decoder
+    (`onceflow.typed_json`), which parses and checks it in one call; what that one does not accept takes
+    the exact path, where each field's accepted Python type is resolved here and only a value that
+    fails the fast type test goes through `_convert` for its precise reason.
     """
 
     def __init__(
@@ -225,6 +228,12 @@ class RowDecoder:
             else ()
         )
         self._key_field = fmt.key_field if isinstance(fmt, JsonFormat | AvroFormat) else None
+        # Most records are settled by one typed parse; the rest by the exact path below it.
+        self._typed = (
+            typed_decoder([(name, base, nullable) for name, base, nullable, _ in self._fields])
+            if isinstance(fmt, JsonFormat)
+            else None
+        )
         # Avro values go to fastavro; ``registry`` resolves writer schema ids (wire="registry").
         self._avro = AvroDecoder(fmt, registry) if isinstance(fmt, AvroFormat) else None
         self.dead_letters = 0  # letters made so far: past DEAD_LETTERS_WITH_PAYLOAD they keep no bytes
@@ -235,6 +244,10 @@ class RowDecoder:
         return decoded if isinstance(decoded, DeadLetter) else dict(zip(self.columns, decoded, strict=True))
 
     def decode(self, record: KafkaRecord) -> tuple[Any, ...] | DeadLetter:
+        if self._typed is not None:
+            row = self._typed_row(self._typed, record)
+            if row is not None:
+                return row
         try:
             if record.size > self.max_record_bytes:
                 raise _Reject(
@@ -261,6 +274,33 @@ class RowDecoder:
             return letter if self.dead_letters <= DEAD_LETTERS_WITH_PAYLOAD else letter.without_payload()
         values += (record.topic, record.partition, record.offset, record.timestamp)
         return tuple(values)
+
+    def _typed_row(
+        self, typed: Callable[[str], tuple[Any, ...] | None], record: KafkaRecord
+    ) -> tuple[Any, ...] | None:
+        """The row of a JSON record that the typed decoder accepts as it stands, in one pass; None
+        sends the record down the exact path, which has the reason for every dead letter."""
+        value, key = record.value, record.key
+        if value is None or record.size > self.max_record_bytes:
+            return None
+        try:
+            values = typed(value.decode("utf-8"))
+            if values is None:
+                return None
+            if self._key_field is None:
+                return (*values, record.topic, record.partition, record.offset, record.timestamp)
+            if key is None:
+                return None
+            return (
+                *values,
+                key.decode("utf-8"),
+                record.topic,
+                record.partition,
+                record.offset,
+                record.timestamp,
+            )
+        except UnicodeDecodeError:
+            return None
 
     def _json_values(self, record: KafkaRecord) -> list[Any]:
         if record.value is None:
@@ -290,6 +330,10 @@ class RowDecoder:
         # An escaped surrogate: is every string still UTF-8? (Most records have no escape at all.)
         if "\\u" in text and ("\\ud" in text or "\\uD" in text):
             _check_surrogates(self._fields, values)
+        return self._with_key(values, record)
+
+    def _with_key(self, values: list[Any], record: KafkaRecord) -> list[Any]:
+        """``values`` with the key's column appended, where the format declares one."""
         if self._key_field is not None:
             if record.key is None:
                 raise _Reject("missing_key", f"the format needs a key for column {self._key_field!r}")
@@ -299,12 +343,7 @@ class RowDecoder:
     def _avro_values(self, avro: AvroDecoder, record: KafkaRecord) -> list[Any]:
         if record.value is None:
             raise _Reject("null_value", "record has no value (a tombstone?)")
-        values = avro.values(record.value)
-        if self._key_field is not None:
-            if record.key is None:
-                raise _Reject("missing_key", f"the format needs a key for column {self._key_field!r}")
-            values.append(_utf8(record.key, "key"))
-        return values
+        return self._with_key(avro.values(record.value), record)
 
 
 _PYTHON_TYPES: dict[str, type[Any]] = {"string": str, "int": int, "float": float, "bool": bool}
