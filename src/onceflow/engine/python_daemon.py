@@ -43,6 +43,8 @@ PRELOADED = (
     "pyarrow",
     "pyarrow.parquet",
     "pandas",
+    "confluent_kafka",  # the Python reader's consumer (imported where a range is read)
+    "msgspec.json",  # the typed JSON decoder (imported where a JSON format's decoder is built)
     "onceflow.executor.reading",
     "onceflow.executor.rejected",
     "onceflow.executor.writing",
