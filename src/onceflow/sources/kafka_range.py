@@ -108,15 +108,23 @@ def read_range(
 # The most a range reader keeps fetched ahead of what it has delivered (librdkafka's default is 64 MB
 # per partition), so that a Python worker's memory does not follow the topic's size.
 PREFETCH_KBYTES = 16384
+# How long the client waits before its next fetch once the queue is at either bound. librdkafka's
+# default is 1 s: a range longer than the bounds (100,000 records, or 16 MB: 16,000 records of 1 KB)
+# was read in bursts with a second's pause after each, 4.9 µs a record against 1.2 µs.
+QUEUE_BACKOFF_MS = 10
 
 
 def prefetch_config(offset_range: OffsetRange) -> dict[str, int]:
     """How far ahead the consumer fetches: librdkafka keeps up to 100,000 records per partition queued
     by default, whatever follows the range, so a read task of a long partition fetched and decompressed
-    up to twice its range (and held it). A range needs no record past its end."""
+    up to twice its range (and held it). A range needs no record past its end. (Only a range with
+    offsets gets here.)"""
     wanted = offset_range.until_offset - offset_range.from_offset
-    queued = max(1, min(100_000, wanted))
-    return {"queued.min.messages": queued, "queued.max.messages.kbytes": PREFETCH_KBYTES}
+    return {
+        "queued.min.messages": min(100_000, wanted),
+        "queued.max.messages.kbytes": PREFETCH_KBYTES,
+        "fetch.queue.backoff.ms": QUEUE_BACKOFF_MS,
+    }
 
 
 def _position(consumer: Any, partition: Any) -> int:
