@@ -45,14 +45,15 @@ def _rate(entry: dict[str, Any], key: str) -> float:
 
 def ratios(round_: dict[str, Any]) -> dict[str, float]:
     """Every ratio of one round (measured within it)."""
-    files = _rate(round_, "files")
+    files, pg = _rate(round_, "files"), _rate(round_, "postgres_2pc")
     return {
-        "eo_vs_alo": _rate(round_, "postgres_2pc") / _rate(round_, "plain")
-        if "plain" in round_
-        else math.nan,
+        "eo_vs_alo": pg / _rate(round_, "plain") if "plain" in round_ else math.nan,
         "files_vs_limit": files / _rate(round_, "limit"),
         "files_vs_sss": files / _rate(round_, "spark_structured_streaming"),
         "files_vs_quix": files / _rate(round_, "quix_streams"),
+        "pg_vs_limit": pg / _rate(round_, "limit"),
+        "pg_vs_sss": pg / _rate(round_, "spark_structured_streaming"),
+        "pg_vs_quix": pg / _rate(round_, "quix_streams"),
     }
 
 
@@ -78,7 +79,9 @@ def _power(size: str) -> str:
 # (1.5× Structured Streaming at 10^6, 1.2× elsewhere).
 EO_VS_ALO = 0.95
 VS_LIMIT = 0.6
-VS_PEER = {("files_vs_sss", "1000000"): 1.5}
+VS_PEER = {("files_vs_sss", "1000000"): 1.5, ("pg_vs_sss", "1000000"): 1.5}
+# The pipelines the sustained targets hold for: (ratio key prefix, how the target row names it).
+SUSTAINED = (("files", "pipeline"), ("pg", "PostgreSQL two-phase pipeline"))
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -110,14 +113,18 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     # The sustained targets, at 10^6 and at 10^7 (the issue's own size) wherever they were measured.
     sustained = [size for size in ("1000000", "10000000") if size in tp and "files" in tp[size][0]]
     for size in sustained:
-        m = median(ratios(r)["files_vs_limit"] for r in tp[size])
-        rows.append(
-            (
-                f"pipeline ≥ {VS_LIMIT}× the limit at {_power(size)} records",
-                f"{m:.3f}×",
-                "met" if m >= VS_LIMIT else "MISSED",
-            )
-        )
+        for prefix, what in SUSTAINED:
+            values = [ratios(r)[f"{prefix}_vs_limit"] for r in tp[size]]
+            values = [v for v in values if not math.isnan(v)]
+            if values:
+                m = median(values)
+                rows.append(
+                    (
+                        f"{what} ≥ {VS_LIMIT}× the limit at {_power(size)} records",
+                        f"{m:.3f}×",
+                        "met" if m >= VS_LIMIT else "MISSED",
+                    )
+                )
     if not sustained:
         rows.append((f"pipeline ≥ {VS_LIMIT}× the limit at 10^7 records", "not measured", "not measured"))
     cost = results.get("commit_cost", {})
@@ -137,17 +144,21 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 )
             )
     for size in sustained:
-        for peer, key in (("Spark Structured Streaming", "files_vs_sss"), ("quix-streams", "files_vs_quix")):
-            values = [ratios(r)[key] for r in tp[size] if not math.isnan(ratios(r)[key])]
-            if values:
-                m, bar = median(values), VS_PEER.get((key, size), 1.2)
-                rows.append(
-                    (
-                        f"pipeline ≥ {bar}× {peer} at {_power(size)} records",
-                        f"{m:.3f}× ({spread(values)})",
-                        "met" if m >= bar else "MISSED",
+        for prefix, what in SUSTAINED:
+            for peer, key in (
+                ("Spark Structured Streaming", f"{prefix}_vs_sss"),
+                ("quix-streams", f"{prefix}_vs_quix"),
+            ):
+                values = [ratios(r)[key] for r in tp[size] if not math.isnan(ratios(r)[key])]
+                if values:
+                    m, bar = median(values), VS_PEER.get((key, size), 1.2)
+                    rows.append(
+                        (
+                            f"{what} ≥ {bar}× {peer} at {_power(size)} records",
+                            f"{m:.3f}× ({spread(values)})",
+                            "met" if m >= bar else "MISSED",
+                        )
                     )
-                )
     for size, runs in results.get("spark_jobs", {}).items():
         per_slice = median(r["jobs"] / max(r["slices"], 1) for r in runs)
         shuffled = max(r["shuffle_read_bytes"] + r["shuffle_write_bytes"] for r in runs)
@@ -361,10 +372,14 @@ def _notes_section(results: dict[str, Any]) -> list[str]:
             f"- **Pipeline vs the limit and quix-streams (warm runtime, {int(size):,} records).** No JVM "
             f"start-up per epoch any more: the pipeline ran at {rate:,.0f} records/s, {process * 100:.0f} % "
             "of it in the process step, where each Spark task's Python worker reads its exact range with "
-            "a Kafka consumer and parses each JSON record once (`ONCEFLOW_JSON_READ=python`, the default), "
-            "the transform runs in the JVM, and the write tasks stage Arrow batches. The Python workers "
-            "are the largest part: about 8.5 of an epoch's CPU seconds per 10^6 records, the JSON parse "
-            "the largest share of theirs (a `py-spy` profile). The JVM path (`ONCEFLOW_JSON_READ=jvm`: "
+            "a Kafka consumer and parses and checks each JSON record in one typed call "
+            "(`ONCEFLOW_JSON_READ=python`, the default), the transform runs in the JVM, and the write tasks "
+            "stage Arrow batches. The Python workers are the largest part of the CPU; in a `py-spy` profile "
+            "of a 10^6-record epoch their samples spread over the Kafka client's `consume` (8 %), building "
+            "the Arrow columns (9 %), the typed parse (6 %) and the per-record generators, with no single "
+            "hot spot left. The PostgreSQL two-phase pipeline's epochs take about 1.3 s more than the files "
+            "pipeline's: each task's COPY of 45,000 rows takes about 50 ms, most of it the server's parse "
+            "and insert, on the same two cores. The JVM path (`ONCEFLOW_JSON_READ=jvm`: "
             "Spark's Kafka source, `from_json` and the checks that prove which records the JVM may accept) "
             "took 12.5-13.8 s for the epoch the Python reader does in 7.5 s; one parse into a Variant "
             "instead of its two (`bench/one_parse.py`) was slower still. All of it shares 2 cores with the "
