@@ -32,6 +32,10 @@ class Footprint:
     python_processes: int
     sessions: int
     python_daemons: int = -1
+    # PSS of the forked workers alone (not their daemons): what the tasks in flight hold; they exit with
+    # their task.
+    python_workers_mb: float = 0.0
+    executors: int = -1  # executor processes (on a lean runtime, the Connect server)
 
     @property
     def total_mb(self) -> float:
@@ -97,9 +101,16 @@ def footprint(runtime: SparkRuntime, sessions: Callable[[SparkRuntime], int] | N
     server = runtime.pid("connect")  # on a lean runtime, the executor too: counted once, as "connect"
     roles["executors"] = round(sum(pss_mb(pid) for pid in runtime.executor_pids() if pid != server), 1)
     workers = python_workers(runtime)
-    roles["python"] = round(sum(pss_mb(p.pid) for p in workers), 1)
+    each = {p.pid: pss_mb(p.pid) for p in workers}
+    roles["python"] = round(sum(each.values()), 1)
+    parents = {p.pid for p in daemons(runtime, workers)}
     return Footprint(
-        roles, len(workers), (sessions or connect_sessions)(runtime), len(daemons(runtime, workers))
+        roles,
+        len(workers),
+        (sessions or connect_sessions)(runtime),
+        len(parents),
+        round(sum(mb for pid, mb in each.items() if pid not in parents), 1),
+        len(runtime.executor_pids()),
     )
 
 

@@ -36,15 +36,18 @@ GROWTH = FLAT_FACTOR
 # (then counted together) went from 172 up to 391 and back. Spark's pooled Kafka consumers (64 per executor,
 # evicted after 5 idle minutes) fill in over the first minutes, so a short run's second half can hold more
 # sockets than its first without anything leaking.
-# The warm runtime's footprint (`local_stack.footprint`): JVM heaps settle after the first
-# minutes, and Python workers and Connect sessions come and go with the epochs in flight.
+# The warm runtime's footprint (`local_stack.footprint`): JVM heaps settle after the first minutes and
+# Connect sessions come and go with the epochs in flight. Its Python processes come and go too: a task's
+# workers exit with it, and a session's daemon on an executor 30 s after its last task there. Whether a
+# sample finds any depends on what the other pipelines run at that moment (the first half's peak of a
+# short soak may be a sample with none), so their count is bounded at every sample instead: no more
+# daemons than sessions held times executors. Memory is judged for growth without them, the JVMs'.
 MARGINS = {
     "ledger_rows": 200,
     "fds": 64,
     "sockets": 256,
     "pg_connections": 5,
-    "runtime_pss_total_mb": FLAT_MARGINS["total_mb"],
-    "python_processes": FLAT_MARGINS["python_processes"],
+    "runtime_jvm_pss_mb": FLAT_MARGINS["total_mb"],
     "sessions": 3,
     # Offsets a pipeline has still to read: a fault holds a lane for up to a minute and a half, so a minute
     # and a half of input is the margin; a pipeline slower than the producer grows past it.
@@ -68,12 +71,19 @@ class Sample:
     runtime_pss_mb: dict[str, float] = field(default_factory=dict)
     python_processes: int = -1
     sessions: int = -1
+    python_daemons: int = -1
+    executors: int = -1
     backlog: dict[str, int] = field(default_factory=dict)  # per pipeline, set by the soak itself
     sockets: dict[str, int] = field(default_factory=dict)  # open sockets of each long-lived process
 
     @property
     def runtime_pss_total_mb(self) -> float:
         return round(sum(self.runtime_pss_mb.values()), 1) if self.runtime_pss_mb else float("nan")
+
+    @property
+    def runtime_jvm_pss_mb(self) -> float:
+        """The runtime's PSS less its Python processes' (which come and go with tasks and sessions)."""
+        return round(self.runtime_pss_total_mb - self.runtime_pss_mb.get("python", 0.0), 1)
 
     @property
     def ledger_total(self) -> int:
@@ -84,6 +94,7 @@ class Sample:
             **asdict(self),
             "ledger_total": self.ledger_total,
             "runtime_pss_total_mb": self.runtime_pss_total_mb,
+            "runtime_jvm_pss_mb": self.runtime_jvm_pss_mb,
         }
 
 
@@ -231,6 +242,8 @@ class Sampler:
             spark.pss_mb,
             spark.python_processes,
             spark.sessions,
+            spark.python_daemons,
+            spark.executors,
             sockets=sockets,
         )
 
@@ -253,9 +266,11 @@ def curves(samples: Sequence[Sample]) -> dict[str, list[float]]:
         "pg_connections": [s.pg_connections for s in samples],
         "ledger_rows": [s.ledger_total for s in samples],
         "runtime_pss_total_mb": [s.runtime_pss_total_mb for s in samples],
+        "runtime_jvm_pss_mb": [s.runtime_jvm_pss_mb for s in samples],
         "python_processes": [
             s.python_processes if s.python_processes >= 0 else float("nan") for s in samples
         ],
+        "python_daemons": [s.python_daemons if s.python_daemons >= 0 else float("nan") for s in samples],
         "sessions": [s.sessions if s.sessions >= 0 else float("nan") for s in samples],
     }
     for kind in ("ledger_rows", "fds", "sockets", "rss_mb", "runtime_pss_mb", "backlog"):
@@ -311,6 +326,14 @@ def unbounded(samples: Sequence[Sample]) -> list[str]:
         }
         problems += [f"minute {s.minute}: {n} {what}" for what, n in leaks.items() if n > 0]
         problems += [f"minute {s.minute}: probe failed: {e}" for e in s.errors]
+        if (
+            min(s.python_daemons, s.sessions, s.executors) >= 0
+            and s.python_daemons > s.sessions * s.executors
+        ):
+            problems.append(
+                f"minute {s.minute}: {s.python_daemons} Python daemons for {s.sessions} sessions on "
+                f"{s.executors} executors"
+            )
     first, second = _halves(samples)
     if len(first) < 2 or not second:
         return [*problems, f"{len(samples)} samples: too few to tell growth from a plateau"]

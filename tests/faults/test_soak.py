@@ -4,10 +4,11 @@ runtime, a seeded fault about once a minute (Spark's own among them), then exact
 partition's order from the outputs, and bounded resources.
 
 Bounded, concretely (`tests.faults.soak_resources`): at every sample (once a minute, between steps) no
-prepared transaction, no staged byte and no open Kafka sink transaction; ledger rows, PostgreSQL
-connections, each long-lived process's open files and sockets, the Spark runtime's proportional set size, its
-Python processes and its Connect sessions peak in the second half at most 1.25 times their first half's
-peak (plus a small margin per curve). `make soak MINUTES=60` runs the long one with a report.
+prepared transaction, no staged byte, no open Kafka sink transaction and no more Python daemons than
+Connect sessions times executors; ledger rows, PostgreSQL connections, each long-lived process's open files
+and sockets, the Spark runtime's JVMs' proportional set size and its Connect sessions peak in the second
+half at most 1.25 times their first half's peak (plus a small margin per curve). `make soak MINUTES=60`
+runs the long one with a report.
 """
 
 from __future__ import annotations

@@ -48,8 +48,18 @@ def test_only_gaps_that_retention_made_are_excused() -> None:
 
 
 def _sample(
-    minute: float, pss: float, python: int, backlog: int, files: int = 160, sockets: int = 40
+    minute: float,
+    pss: float,
+    python: int,
+    backlog: int,
+    files: int = 160,
+    sockets: int = 40,
+    in_flight: int = 0,
+    in_flight_mb: float = 0.0,
+    sessions: int = 3,
 ) -> Sample:
+    """``pss`` of the JVMs, ``python`` daemons on 2 executors, plus ``in_flight`` task workers; the Python
+    processes hold ``in_flight_mb``."""
     return Sample(
         minute=minute,
         prepared=0,
@@ -60,9 +70,11 @@ def _sample(
         pg_connections=3,
         fds={"kafka": files},
         rss_mb={"kafka": 500.0},
-        runtime_pss_mb={"connect": pss / 2, "executors": pss / 2},
-        python_processes=python,
-        sessions=3,
+        runtime_pss_mb={"connect": pss / 2, "executors": pss / 2, "python": in_flight_mb},
+        python_processes=python + in_flight,
+        sessions=sessions,
+        python_daemons=python,
+        executors=2,
         backlog={"records": backlog},
         sockets={"kafka": sockets},
     )
@@ -70,20 +82,34 @@ def _sample(
 
 def test_the_runtime_footprint_and_the_backlog_are_bounded_by_their_first_half() -> None:
     # A plateau with a sawtooth passes: the JVMs warmed up, a fault left a minute of input behind.
-    flat = [_sample(m, 3000 + 100 * (m % 2), 12, 60_000 * (m == 7)) for m in range(10)]
+    flat = [_sample(m, 3000 + 100 * (m % 2), 6, 60_000 * (m == 7)) for m in range(10)]
     assert unbounded(flat) == []
-    # The runtime grows by a pipeline's Python workers every minute: caught, whatever the first value.
-    growing = [_sample(m, 3000 + 400 * m, 12 + 2 * m, 20_000) for m in range(10)]
-    assert [p.split(" grew")[0] for p in unbounded(growing)] == ["runtime_pss_total_mb", "python_processes"]
+    # The JVMs grow every minute: caught, whatever the first value.
+    growing = [_sample(m, 3000 + 400 * m, 6, 20_000) for m in range(10)]
+    assert [p.split(" grew")[0] for p in unbounded(growing)] == ["runtime_jvm_pss_mb"]
+    # Python daemons and workers at the second half's samples only, none at the first's: they come and
+    # go with the epochs in flight, not growth.
+    busy_later = [
+        _sample(m, 1850, 6 * (m >= 2), 20_000, in_flight=4 * (m >= 2), in_flight_mb=800.0 * (m >= 2))
+        for m in range(4)
+    ]
+    assert unbounded(busy_later) == []
+    # More daemons than sessions held on every executor: a daemon outlived its session (SPARK-54055).
+    kept = [_sample(m, 1850, 6 + 2 * m, 20_000) for m in range(4)]
+    assert unbounded(kept) == [
+        "minute 1: 8 Python daemons for 3 sessions on 2 executors",
+        "minute 2: 10 Python daemons for 3 sessions on 2 executors",
+        "minute 3: 12 Python daemons for 3 sessions on 2 executors",
+    ]
     # A pipeline slower than the producer: its backlog climbs past a minute and a half of input.
-    behind = [_sample(m, 3000, 12, 30_000 * m) for m in range(10)]
+    behind = [_sample(m, 3000, 6, 30_000 * m) for m in range(10)]
     assert [p.split(" grew")[0] for p in unbounded(behind)] == ["backlog.records"]
 
 
 def test_a_brokers_clients_come_and_go_but_its_files_are_bounded() -> None:
     # Spark's pooled Kafka consumers fill in after the first minutes of a short run: sockets, not a leak.
-    pooled = [_sample(m, 3000, 12, 20_000, sockets=20 if m < 2 else 230) for m in range(4)]
+    pooled = [_sample(m, 3000, 6, 20_000, sockets=20 if m < 2 else 230) for m in range(4)]
     assert unbounded(pooled) == []
     # Descriptors of files that keep opening (segments, a handle never closed) are caught.
-    leaking = [_sample(m, 3000, 12, 20_000, files=160 + 40 * m) for m in range(10)]
+    leaking = [_sample(m, 3000, 6, 20_000, files=160 + 40 * m) for m in range(10)]
     assert [p.split(" grew")[0] for p in unbounded(leaking)] == ["fds.kafka"]
