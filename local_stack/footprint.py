@@ -32,9 +32,6 @@ class Footprint:
     python_processes: int
     sessions: int
     python_daemons: int = -1
-    # PSS of the forked workers alone (not their daemons): what the tasks in flight hold; they exit with
-    # their task.
-    python_workers_mb: float = 0.0
     executors: int = -1  # executor processes (on a lean runtime, the Connect server)
 
     @property
@@ -99,18 +96,16 @@ def footprint(runtime: SparkRuntime, sessions: Callable[[SparkRuntime], int] | N
         if (pid := runtime.pid(name)) is not None:
             roles[name] = pss_mb(pid)
     server = runtime.pid("connect")  # on a lean runtime, the executor too: counted once, as "connect"
-    roles["executors"] = round(sum(pss_mb(pid) for pid in runtime.executor_pids() if pid != server), 1)
+    executors = runtime.executor_pids()
+    roles["executors"] = round(sum(pss_mb(pid) for pid in executors if pid != server), 1)
     workers = python_workers(runtime)
-    each = {p.pid: pss_mb(p.pid) for p in workers}
-    roles["python"] = round(sum(each.values()), 1)
-    parents = {p.pid for p in daemons(runtime, workers)}
+    roles["python"] = round(sum(pss_mb(p.pid) for p in workers), 1)
     return Footprint(
         roles,
         len(workers),
         (sessions or connect_sessions)(runtime),
-        len(parents),
-        round(sum(mb for pid, mb in each.items() if pid not in parents), 1),
-        len(runtime.executor_pids()),
+        len(daemons(runtime, workers)),
+        len(executors),
     )
 
 
