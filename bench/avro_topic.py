@@ -16,8 +16,8 @@ from pathlib import Path
 from bench.dataset import AVRO_SCHEMA, Dataset, avro_record, produce
 from onceflow import redact
 from onceflow.config import Settings
+from onceflow.decoding.schema_registry import FolderSchemaRegistry, HttpSchemaRegistry
 from onceflow.pipeline import AvroFormat
-from onceflow.schema_registry import FolderSchemaRegistry, HttpSchemaRegistry
 
 
 @dataclass(frozen=True)

@@ -54,12 +54,12 @@ from bench.ledgers import postgres_ledger, sqlite_ledger
 from bench.report import write_section
 from onceflow.committables import Committable
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.ledger import Ledger
 from onceflow.ledger.models import EpochOffsetRow, EpochRow, ParticipantRow, PipelineRow
 from onceflow.ledger.retention import RetentionPolicy
 from onceflow.offsets import OffsetRange
-from onceflow.retaining import retention_interval
+from onceflow.protocol.coordinator import Coordinator
+from onceflow.protocol.retaining import retention_interval
 from onceflow.sinks._pg import NothingToCommit
 
 BEGIN = "<!-- coordination-bench -->"

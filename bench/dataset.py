@@ -65,7 +65,7 @@ def avro_record(schema_id: int) -> Callable[[int], bytes]:
     """Record ``i`` as Avro under AVRO_SCHEMA, framed in the registry wire format with ``schema_id``."""
     from fastavro import parse_schema
 
-    from onceflow.schema_registry import wire_value
+    from onceflow.decoding.schema_registry import wire_value
 
     parsed = parse_schema(AVRO_SCHEMA)
     return lambda i: wire_value(schema_id, parsed, fields(i))

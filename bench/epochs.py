@@ -19,14 +19,14 @@ from local_stack.spark_runtime import SparkRuntime
 from bench.memory import MEASURE, TreePeak, TreeSampler
 from bench.pipelines import SPEC_ENV, SPEC_PATH
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.engine.connect import connect_sessions, pipeline_modules
 from onceflow.engine.failures import cause_in_output
 from onceflow.engine.slice_job import run_slice
 from onceflow.engine.submit import submit_slice
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import Pipeline
-from onceflow.planning import committers_for
+from onceflow.protocol.coordinator import Coordinator
+from onceflow.protocol.planning import committers_for
 from onceflow.sinks.base import Committable, SinkCommitter
 
 

@@ -25,13 +25,13 @@ from typing import Any
 
 from onceflow import redact
 from onceflow.config import Settings
+from onceflow.decoding.schema_registry import FolderSchemaRegistry, wire_value
 from onceflow.engine.jvm_avro import writer_plans
 from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, python_read, task_kafka_frame
 from onceflow.engine.slice_job import SLICE_SQL_CONF
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import AvroFormat, JsonFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.schema_registry import FolderSchemaRegistry, wire_value
 from onceflow.sources.kafka_planning import ReadTask
 
 PARTITIONS = 4

@@ -23,9 +23,9 @@ from pathlib import Path
 import psycopg
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.ledger import Ledger
 from onceflow.offsets import OffsetRange
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.base import Committable
 from onceflow.testing import RecordingCommitter
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from onceflow.cli.topics import wait_for_leaders
 from onceflow.config import Settings
-from onceflow.schema_registry import HttpSchemaRegistry, RegistryUnavailable
-from onceflow.topics import wait_for_leaders
+from onceflow.decoding.schema_registry import HttpSchemaRegistry, RegistryUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from examples.avro_orders.pipeline import INPUT_TOPIC, SCHEMAS, SUBJECT
 from onceflow.config import Settings
-from onceflow.schema_registry import (
+from onceflow.decoding.schema_registry import (
     FolderSchemaRegistry,
     HttpSchemaRegistry,
     SchemaRegistry,

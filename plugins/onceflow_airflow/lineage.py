@@ -1,5 +1,5 @@
 """OpenLineage facets of the operators: the pipeline's topics in, its sinks' tables, topics and folders
-out, named by `onceflow.lineage` after the OpenLineage naming spec.
+out, named by `onceflow.monitoring.lineage` after the OpenLineage naming spec.
 
 The openlineage provider calls ``get_openlineage_facets_on_complete`` of each operator when a task
 ends and sends the result through its configured transport (``[openlineage] transport``).
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from onceflow.config import Settings
-from onceflow.lineage import pipeline_datasets
+from onceflow.monitoring.lineage import pipeline_datasets
 from onceflow.pipeline import Pipeline
 
 

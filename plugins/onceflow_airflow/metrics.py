@@ -1,4 +1,4 @@
-"""Send onceflow's metrics (`onceflow.epoch_metrics`) through Airflow's own metrics client.
+"""Send onceflow's metrics (`onceflow.monitoring.metrics`) through Airflow's own metrics client.
 
 In a task, Airflow's task runner sets up ``airflow.sdk.observability.stats`` from the ``[metrics]``
 section (StatsD with ``statsd_on``, OpenTelemetry with ``otel_on``, or nothing), so onceflow's figures
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from airflow.sdk.observability import stats
 
-from onceflow.epoch_metrics import Metric
+from onceflow.monitoring.metrics import Metric
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""One operator per epoch step; each calls the matching `onceflow.coordinator.Coordinator` method.
+"""One operator per epoch step; each calls the matching `onceflow.protocol.coordinator.Coordinator` method.
 
 Every operator takes the pipeline as ``module:attribute``, gets its settings and ledger from
 `OnceflowHook`, and finds its epoch through the ledger by the DAG run's id, never through XCom alone, so
@@ -36,21 +36,21 @@ from airflow.sdk.exceptions import (
 )
 
 from onceflow import redact
-from onceflow.cli import EXIT_REFUSED
+from onceflow.cli.main import EXIT_REFUSED
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator, EpochOwned
 from onceflow.engine.connect import connect_sessions, pipeline_modules
 from onceflow.engine.executors import SliceRunner, slice_runner_for
 from onceflow.engine.local_slice import run_slice_local
 from onceflow.engine.slice_job import run_slice
 from onceflow.engine.submit import application_args
-from onceflow.epoch_metrics import epoch_metrics, lag_metrics, step_metric
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Ledger, Refused, SinkCallFailedKnown
-from onceflow.new_records import read_backlog
-from onceflow.owners import process_alive
+from onceflow.monitoring.metrics import epoch_metrics, lag_metrics, step_metric
+from onceflow.monitoring.new_records import read_backlog
 from onceflow.pipeline import Pipeline, load_pipeline
-from onceflow.step_results import PlanResult
+from onceflow.protocol.coordinator import Coordinator, EpochOwned
+from onceflow.protocol.owners import process_alive
+from onceflow.protocol.step_results import PlanResult
 from onceflow_airflow.hooks import OnceflowHook
 from onceflow_airflow.lineage import operator_lineage
 from onceflow_airflow.metrics import emit

@@ -2,8 +2,8 @@
 
 `NewRecordsTrigger` runs in ``airflow triggerer`` as the watcher of the pipeline's asset (see
 `onceflow_airflow.dag_factory.new_records_asset`). Every ``poll_interval_s`` it compares Kafka's last
-stable offsets with the ledger's committed positions (`onceflow.new_records`) and fires an event when
-`should_announce` says so; each event queues a run of the DAG. It reads and consumes nothing: no
+stable offsets with the ledger's committed positions (`onceflow.monitoring.new_records`) and fires an event
+when `should_announce` says so; each event queues a run of the DAG. It reads and consumes nothing: no
 consumer group, no offset commit. Which records a run processes is decided by that run's plan, from
 the ledger, never by the event.
 
@@ -22,7 +22,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Ledger
-from onceflow.new_records import Announced, Backlog, describe, read_backlog, should_announce
+from onceflow.monitoring.new_records import Announced, Backlog, describe, read_backlog, should_announce
 from onceflow.pipeline import Pipeline, load_pipeline
 from onceflow_airflow.hooks import OnceflowHook
 
@@ -33,7 +33,7 @@ class NewRecordsTrigger(BaseEventTrigger):
     """Fires when the pipeline's topics hold records beyond its committed position.
 
     ``repeat_s``: how long the same unprocessed state waits before it is announced again (records left
-    by an aborted run); see `onceflow.new_records.should_announce`.
+    by an aborted run); see `onceflow.monitoring.new_records.should_announce`.
     """
 
     def __init__(

@@ -15,7 +15,7 @@ from typing import Any
 
 from onceflow.errors import ConfigError
 
-# Avro primitive type -> the row model's type name (see `onceflow.records.row_columns`).
+# Avro primitive type -> the row model's type name (see `onceflow.decoding.records.row_columns`).
 _PRIMITIVES: dict[str, str] = {
     "string": "string",
     "int": "int",

@@ -59,7 +59,7 @@ class Settings:
     pipelines: tuple[str, ...] = ()
     # Where Avro formats find writer schemas by id and subjects' latest schemas
     # (ONCEFLOW_SCHEMA_REGISTRY_URL): http(s):// for a registry server, file:///folder for a folder of
-    # schemas (`onceflow.schema_registry`), or None.
+    # schemas (`onceflow.decoding.schema_registry`), or None.
     schema_registry_url: str | None = None
     # Which path reads JSON records in a Spark slice (ONCEFLOW_JSON_READ), see `JsonRead`.
     json_read: JsonRead = "python"

@@ -431,7 +431,7 @@ class Pipeline:
             raise _fail("on_rerun", self.on_rerun, f"expected one of {ON_RERUN}")
         if self.on_rerun == "replace" and self.state is not None:
             # Whether each sink can take an interval's output back is its kind's to say: checked at plan
-            # time (`onceflow.planning.check_rerun`), since the spec knows no sink kinds.
+            # time (`onceflow.protocol.planning.check_rerun`), since the spec knows no sink kinds.
             raise _fail("on_rerun", self.on_rerun, "keyed state would fold the interval's records twice")
         if self.state is not None and self.guarantee == "at_most_once":
             raise _fail(

@@ -2,8 +2,8 @@
 
 The sink tables come from each kind's `SinkKind.settings`, the schema types from
 `onceflow.pipeline.FIELD_TYPES` and the row types the decoder gives them, the dead-letter reasons from
-`onceflow.records.DEAD_LETTER_CODES` and the spec's arguments from the `Pipeline` dataclass. Each table
-sits in README.md between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->``;
+`onceflow.decoding.records.DEAD_LETTER_CODES` and the spec's arguments from the `Pipeline` dataclass. Each
+table sits in README.md between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->``;
 ``python -m onceflow.reference README.md`` rewrites them and ``--check`` only compares (a unit test does
 the same, so a change to a sink's settings without the README fails the suite).
 """
@@ -19,9 +19,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from onceflow.decoding.records import DEAD_LETTER_CODES, row_columns, spark_schema
 from onceflow.errors import ConfigError
 from onceflow.pipeline import FIELD_TYPES, METADATA_COLUMNS, JsonFormat, Pipeline
-from onceflow.records import DEAD_LETTER_CODES, row_columns, spark_schema
 from onceflow.sinks.registry import SinkKind, SinkSetting, known_kinds, sink_kind
 
 REGENERATE = "python -m onceflow.reference README.md"

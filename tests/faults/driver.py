@@ -18,7 +18,6 @@ import uuid
 from typing import Any
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.engine.runner import ProcessFailed, run_epoch
 from onceflow.engine.slice_job import precommit_slice
 from onceflow.errors import OnceflowError
@@ -28,6 +27,7 @@ from onceflow.faults import crash_point
 from onceflow.ledger import Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import load_pipeline
+from onceflow.protocol.coordinator import Coordinator
 from tests.faults.pipelines import SOCKET_TOPIC
 from tests.faults.socket_feed import read_feed
 

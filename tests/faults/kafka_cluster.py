@@ -291,7 +291,7 @@ class KafkaCluster:
         if usable not in self._admins:
             from confluent_kafka.admin import AdminClient
 
-            from onceflow.kafka_clients import kafka_config
+            from onceflow.sources.kafka_clients import kafka_config
 
             servers = ",".join(f"{self.host}:{self.broker_port(n)}" for n in usable)
             self._admins[usable] = AdminClient(kafka_config(servers))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onceflow.schema_registry import wire_value
+from onceflow.decoding.schema_registry import wire_value
 from tests.faults.pipelines import AVRO_SUBJECT, MAX_RECORD_BYTES
 
 ABORTED_BASE = 1_000_000  # aborted ids live in their own range, so they are recognizable anywhere

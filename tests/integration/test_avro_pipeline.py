@@ -3,7 +3,7 @@ executor (and of the warm Spark runtime, whose JVM decodes what it can prove): r
 versions, every bad record one dead letter with its code, and a registry that does not answer aborting
 the epoch, whose range the next epoch then delivers.
 
-The writer schemas come from a folder (`onceflow.schema_registry.FolderSchemaRegistry`), the registry
+The writer schemas come from a folder (`onceflow.decoding.schema_registry.FolderSchemaRegistry`), the registry
 the test can hold still; the HTTP client is the same interface.
 """
 
@@ -24,12 +24,12 @@ from confluent_kafka import Producer
 from fastavro import parse_schema
 
 from onceflow.config import Settings
+from onceflow.decoding.records import KafkaRecord, RowDecoder
+from onceflow.decoding.schema_registry import FolderSchemaRegistry, wire_value
 from onceflow.engine.executors import Executor
 from onceflow.engine.runner import ProcessFailed, run_epoch
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.records import KafkaRecord, RowDecoder
-from onceflow.schema_registry import FolderSchemaRegistry, wire_value
 from onceflow.sinks.files import read_committed_table
 
 pytestmark = pytest.mark.integration

@@ -25,11 +25,11 @@ from confluent_kafka import Producer
 from fastavro import parse_schema
 
 from onceflow.config import Settings
+from onceflow.decoding.records import KafkaRecord, RowDecoder
+from onceflow.decoding.schema_registry import MAGIC_BYTE, WIRE_HEADER, HttpSchemaRegistry, wire_value
 from onceflow.engine.runner import run_epoch
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.records import KafkaRecord, RowDecoder
-from onceflow.schema_registry import MAGIC_BYTE, WIRE_HEADER, HttpSchemaRegistry, wire_value
 from onceflow.sinks.files import read_committed_table
 
 pytestmark = pytest.mark.integration

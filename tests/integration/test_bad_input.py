@@ -25,8 +25,8 @@ import psycopg
 import pytest
 from local_stack.ports import free_port
 
+from onceflow.cli.topics import wait_for_leaders
 from onceflow.ledger import Ledger
-from onceflow.topics import wait_for_leaders
 from tests.integration.engine.data import orders, produce
 
 pytestmark = pytest.mark.integration

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.base import Committable
 from onceflow.testing import RecordingCommitter
 

@@ -22,11 +22,11 @@ from confluent_kafka import Producer
 
 from onceflow.committables import TaskContext
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.engine.local_slice import run_slice_local
 from onceflow.engine.runner import run_until
 from onceflow.ledger import Ledger
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks import iceberg
 from onceflow.sinks.iceberg import IcebergCommitter, IcebergConfig, IcebergWriter
 from tests.faults.invariants import iceberg_leftovers

@@ -5,9 +5,9 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, Ledger, SchemaMismatch
 from onceflow.offsets import OffsetRange
+from onceflow.protocol.coordinator import Coordinator
 from tests.unit.test_dead_letter_pages import check_pages
 from tests.unit.test_ledger import check_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades
 from tests.unit.test_ledger_state_machine import run_machine

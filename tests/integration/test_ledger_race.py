@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, IllegalTransition, Ledger
 from onceflow.offsets import OffsetRange
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.base import Committable
 from onceflow.testing import RecordingCommitter
 

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from local_stack.ports import free_port
 
+from onceflow.cli.topics import wait_for_leaders
 from onceflow.config import Settings
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Ledger
 from onceflow.sinks._iceberg_spark import spark_conf
 from onceflow.sinks.iceberg import IcebergConfig
-from onceflow.topics import wait_for_leaders
 from tests.integration.engine.data import orders, produce
 
 pytestmark = pytest.mark.integration

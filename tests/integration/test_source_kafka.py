@@ -13,10 +13,10 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 
 from onceflow.config import Settings
+from onceflow.decoding.records import KafkaRecord
 from onceflow.errors import ServiceUnavailable
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import KafkaSource
-from onceflow.records import KafkaRecord
 from onceflow.sources.errors import OffsetsLost, RangeReadTimeout, TopicNotFound
 from onceflow.sources.kafka_metadata import KafkaMetadata
 from onceflow.sources.kafka_planning import assign_slices

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.coordinator import Coordinator
-from onceflow.epoch_metrics import epoch_metrics, lag_metrics, step_metric
+from onceflow.decoding.records import DeadLetter
 from onceflow.ledger import Ledger
-from onceflow.new_records import backlog_of
+from onceflow.monitoring.metrics import epoch_metrics, lag_metrics, step_metric
+from onceflow.monitoring.new_records import backlog_of
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import KafkaSource
-from onceflow.records import DeadLetter
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.base import Committable
 from onceflow.sources.kafka_planning import PartitionOffsets
 from onceflow.testing import RecordingCommitter

@@ -15,12 +15,17 @@ from typing import Any
 import pytest
 from fastavro import parse_schema, schemaless_writer
 
-from onceflow import avro_records
-from onceflow.avro_records import pinned, registry_for
-from onceflow.errors import ConfigError
-from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.records import DEAD_LETTER_CODES, DeadLetter, KafkaRecord, RowDecoder, row_columns, spark_schema
-from onceflow.schema_registry import (
+from onceflow.decoding import avro_records
+from onceflow.decoding.avro_records import pinned, registry_for
+from onceflow.decoding.records import (
+    DEAD_LETTER_CODES,
+    DeadLetter,
+    KafkaRecord,
+    RowDecoder,
+    row_columns,
+    spark_schema,
+)
+from onceflow.decoding.schema_registry import (
     FolderSchemaRegistry,
     HttpSchemaRegistry,
     RegisteredSchema,
@@ -28,6 +33,8 @@ from onceflow.schema_registry import (
     SchemaNotFound,
     wire_value,
 )
+from onceflow.errors import ConfigError
+from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
 
 # The reader's schema: what the pipeline's rows hold.
 ORDER_V2 = {

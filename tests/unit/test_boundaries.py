@@ -27,7 +27,7 @@ EXECUTOR_SIDE = [
 
 
 # The driver's side, which no Spark task may import (SQLAlchemy comes with the ledger).
-DRIVER_ONLY = ("onceflow.coordinator", "onceflow.ledger", "onceflow.engine.slice_job", "sqlalchemy")
+DRIVER_ONLY = ("onceflow.protocol.coordinator", "onceflow.ledger", "onceflow.engine.slice_job", "sqlalchemy")
 
 
 def imported_after(*modules: str) -> list[str]:
@@ -39,7 +39,9 @@ def test_the_executor_side_imports_nothing_of_the_ledger_or_the_coordinator() ->
     loaded = imported_after(*EXECUTOR_SIDE)
     assert "onceflow.executor.writing" in loaded  # the check saw the modules it is about
     assert [
-        m for m in loaded if m.startswith(("onceflow.ledger", "onceflow.coordinator", "onceflow.decisions"))
+        m
+        for m in loaded
+        if m.startswith(("onceflow.ledger", "onceflow.protocol.coordinator", "onceflow.protocol.decisions"))
     ] == []
 
 
@@ -94,7 +96,9 @@ def test_the_ledger_imports_no_coordinator_committer_or_concrete_sink() -> None:
     forbidden = [
         m
         for m in loaded
-        if m.startswith(("onceflow.coordinator", "onceflow.executor", "onceflow.engine", "onceflow.sinks"))
+        if m.startswith(
+            ("onceflow.protocol.coordinator", "onceflow.executor", "onceflow.engine", "onceflow.sinks")
+        )
     ]
     assert forbidden == []
 
@@ -176,9 +180,9 @@ def test_only_config_reads_the_environment_and_the_onceflow_variables() -> None:
 
 
 def test_planning_sits_below_the_coordinator_and_the_engine() -> None:
-    loaded = imported_after("onceflow.planning")
-    assert "onceflow.planning" in loaded
-    assert [m for m in loaded if m.startswith(("onceflow.coordinator", "onceflow.engine"))] == []
+    loaded = imported_after("onceflow.protocol.planning")
+    assert "onceflow.protocol.planning" in loaded
+    assert [m for m in loaded if m.startswith(("onceflow.protocol.coordinator", "onceflow.engine"))] == []
 
 
 def test_a_pipeline_spec_is_built_without_importing_any_sink() -> None:
@@ -195,8 +199,8 @@ def test_a_pipeline_spec_is_built_without_importing_any_sink() -> None:
 def test_the_coordinator_leaves_process_probes_and_kafka_calls_to_their_modules() -> None:
     from pathlib import Path
 
-    import onceflow.coordinator
+    import onceflow.protocol.coordinator
 
-    source = Path(onceflow.coordinator.__file__).read_text()
+    source = Path(onceflow.protocol.coordinator.__file__).read_text()
     for name in ("os.kill", "socket", "KafkaMetadata", "publish_positions", "to_dict"):
         assert name not in source, name

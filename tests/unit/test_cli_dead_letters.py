@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.cli import EXIT_ERROR, main
-from onceflow.coordinator import Coordinator
-from onceflow.dead_letters import preview
+from onceflow.cli.main import EXIT_ERROR, main
 from onceflow.ledger import DeadLetter, Ledger
+from onceflow.monitoring.dead_letters import preview
 from onceflow.offsets import OffsetRange
+from onceflow.protocol.coordinator import Coordinator
 
 P = "clicks"
 LETTERS = [

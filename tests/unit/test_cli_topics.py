@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from onceflow.cli import EXIT_ERROR, main
-from onceflow.topics import parse_configs
+from onceflow.cli.main import EXIT_ERROR, main
+from onceflow.cli.topics import parse_configs
 
 NO_KAFKA = "127.0.0.1:1"  # nothing listens on port 1
 

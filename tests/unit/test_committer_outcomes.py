@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from onceflow import committer_calls
 from onceflow.committables import Committable
-from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, Ledger, SinkCallFailed, SinkCallFailedKnown, SinkCallRetryLater
 from onceflow.offsets import OffsetRange
+from onceflow.protocol import committer_calls
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.errors import RetryLater, StagedOutputLost
 from onceflow.testing import RecordingCommitter
 

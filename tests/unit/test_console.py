@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.cli import main
+from onceflow.cli.main import main
 from onceflow.committables import Committable
 from onceflow.config import Settings
 from onceflow.console.actions import run_action
 from onceflow.console.read_model import dead_letter_view, epochs_view, in_doubt, lag_view, pipeline_view
-from onceflow.coordinator import Coordinator
 from onceflow.ledger import DeadLetter, EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.testing import RecordingCommitter
 
 P = "clicks"

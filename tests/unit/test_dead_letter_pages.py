@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from onceflow.console.read_model import dead_letter_view
-from onceflow.coordinator import Coordinator
-from onceflow.dead_letters import PREVIEW_CHARS
 from onceflow.ledger import DeadLetter, Ledger
 from onceflow.ledger.dead_letter_pages import PREFIX_BYTES
+from onceflow.monitoring.dead_letters import PREVIEW_CHARS
 from onceflow.offsets import OffsetRange
+from onceflow.protocol.coordinator import Coordinator
 
 P = "pages"
 BIG = 2_000_000

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from onceflow.decisions import decide_plan, decide_recovery
 from onceflow.ledger import Epoch, EpochStatus
 from onceflow.ledger.refusals import abort_refusal, commit_refusal
+from onceflow.protocol.decisions import decide_plan, decide_recovery
 
 NOW = datetime(2026, 11, 24, 12, tzinfo=UTC)
 DAY = (datetime(2026, 11, 23, tzinfo=UTC), datetime(2026, 11, 24, tzinfo=UTC))

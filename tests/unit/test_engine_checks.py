@@ -8,7 +8,7 @@ from onceflow.config import Settings
 from onceflow.errors import ConfigError
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import STATE_SINK, JsonFormat, KafkaSource, Pipeline, SinkSpec, StateSpec
-from onceflow.planning import (
+from onceflow.protocol.planning import (
     check_guarantee,
     check_rerun,
     expected_participants,

@@ -12,7 +12,7 @@ def test_an_error_from_a_python_worker_is_its_own_last_line_with_the_pipelines_f
         "Traceback (most recent call last):\n"
         '  File "/venv/lib/python3.11/site-packages/pyspark/worker.py", line 1900, in main\n'
         '  File "/home/me/pipelines/orders.py", line 12, in refuse\n'
-        '  File "/venv/lib/python3.11/site-packages/onceflow/records.py", line 40, in decode\n'
+        '  File "/venv/lib/python3.11/site-packages/onceflow/decoding/records.py", line 40, in decode\n'
         "ValueError: amount refused\n"
     )
     assert failure_line(worker) == "ValueError: amount refused (at /home/me/pipelines/orders.py:12 in refuse)"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from onceflow.decoding.schema_registry import FolderSchemaRegistry
 from onceflow.engine.jvm_avro import NotPlanned, WriterPlan, writer_plan, writer_plans
 from onceflow.pipeline import AvroFormat
-from onceflow.schema_registry import FolderSchemaRegistry
 
 
 def record(*fields: dict[str, Any], name: str = "Order", **extra: Any) -> dict[str, Any]:

@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-from onceflow.coordinator import Coordinator
-from onceflow.decisions import classify_orphan
 from onceflow.errors import ConfigError
 from onceflow.ledger import (
     DeadLetter,
@@ -35,6 +33,8 @@ from onceflow.ledger import (
 from onceflow.ledger.records import Epoch
 from onceflow.ledger.schema import normalize_url
 from onceflow.offsets import OffsetRange
+from onceflow.protocol.coordinator import Coordinator
+from onceflow.protocol.decisions import classify_orphan
 from onceflow.sinks.base import Committable
 from onceflow.testing import RecordingCommitter, key_of
 

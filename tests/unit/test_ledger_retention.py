@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from onceflow import cli
+from onceflow.cli import main as cli
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.errors import ConfigError
 from onceflow.ledger import DeadLetter, EpochStatus, Ledger, OffsetGap
 from onceflow.ledger.records import Epoch
 from onceflow.ledger.retention import RetentionPolicy
 from onceflow.offsets import OffsetRange
-from onceflow.retaining import retention_interval
+from onceflow.protocol.coordinator import Coordinator
+from onceflow.protocol.retaining import retention_interval
 from onceflow.sinks.base import Committable
 from onceflow.testing import RecordingCommitter
 
@@ -350,7 +350,7 @@ def test_cli_retain_prints_one_line_per_kind(
 
 
 def test_a_cleared_process_task_of_a_deleted_epoch_has_nothing_to_do(ledger: Ledger) -> None:
-    from onceflow.step_results import PlanResult
+    from onceflow.protocol.step_results import PlanResult
 
     h = History(ledger)
     first = h.run(3)[0]

@@ -25,7 +25,6 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import text
 
-from onceflow.coordinator import Coordinator
 from onceflow.ledger import (
     EpochInFlight,
     EpochNotPlanned,
@@ -39,6 +38,7 @@ from onceflow.ledger import (
     UnexpectedParticipant,
 )
 from onceflow.offsets import OffsetRange
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.base import Committable
 from onceflow.testing import RecordingCommitter, key_of
 

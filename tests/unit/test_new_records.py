@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from onceflow.new_records import Announced, Backlog, PartitionBacklog, backlog_of, describe, should_announce
+from onceflow.monitoring.new_records import (
+    Announced,
+    Backlog,
+    PartitionBacklog,
+    backlog_of,
+    describe,
+    should_announce,
+)
 from onceflow.pipeline import KafkaSource
 from onceflow.sources.kafka_planning import PartitionOffsets
 

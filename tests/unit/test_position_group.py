@@ -8,7 +8,7 @@ import pytest
 
 from onceflow.config import Settings
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.positions import group_to_publish
+from onceflow.protocol.positions import group_to_publish
 
 
 def _spec(*sinks: SinkSpec) -> Pipeline:

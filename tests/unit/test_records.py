@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow.pipeline import JsonFormat, RawFormat
-from onceflow.records import (
+from onceflow.decoding.records import (
     _JSON,
     DEAD_LETTER_CODES,
     DEAD_LETTER_PREFIX_BYTES,
@@ -21,6 +20,7 @@ from onceflow.records import (
     decode_records,
     spark_schema,
 )
+from onceflow.pipeline import JsonFormat, RawFormat
 
 FMT = JsonFormat(schema={"id": "int", "name": "string", "score": "float", "ok": "bool", "note": "string?"})
 KEYED = JsonFormat(schema={"id": "int"}, key_field="user")

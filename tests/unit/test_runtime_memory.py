@@ -177,7 +177,9 @@ def test_the_daemon_preloads_what_imports_and_freezes_it_for_its_forks() -> None
 def test_the_daemon_preloads_the_task_modules_and_nothing_of_the_driver() -> None:
     modules = modules_after("from onceflow.engine import python_daemon\npython_daemon.preload()")
     assert set(python_daemon.PRELOADED) <= set(modules)
-    assert not [m for m in modules if m.startswith(("sqlalchemy", "onceflow.ledger", "onceflow.coordinator"))]
+    assert not [
+        m for m in modules if m.startswith(("sqlalchemy", "onceflow.ledger", "onceflow.protocol.coordinator"))
+    ]
 
 
 def _round(peaks: list[float], measure: str | None, runtime: str) -> dict[str, object]:

@@ -16,14 +16,14 @@ from typing import Any, ClassVar
 import pytest
 
 from onceflow.config import Settings
-from onceflow.errors import ConfigError
-from onceflow.schema_registry import (
+from onceflow.decoding.schema_registry import (
     FolderSchemaRegistry,
     HttpSchemaRegistry,
     RegistryUnavailable,
     SchemaNotFound,
     registry_at,
 )
+from onceflow.errors import ConfigError
 
 SCHEMA = '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}'
 

@@ -13,11 +13,11 @@ import pyarrow as pa
 import pytest
 
 from onceflow.committables import TaskContext
+from onceflow.decoding.records import DeadLetter, KafkaRecord, RowDecoder
+from onceflow.decoding.schema_registry import FolderSchemaRegistry
 from onceflow.errors import ConfigError
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import AvroFormat
-from onceflow.records import DeadLetter, KafkaRecord, RowDecoder
-from onceflow.schema_registry import FolderSchemaRegistry
 from onceflow.sinks.errors import RowError
 from onceflow.sinks.kafka import KafkaSinkConfig, KafkaWriter, read_records
 

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 
 from onceflow.committables import TaskContext
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.ledger import Epoch, Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import STATE_SINK, JsonFormat, KafkaSource, Pipeline, SinkSpec, StateSpec
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.files import FilesCommitter, FilesWriter
 from onceflow.state.store import committed_state_files, state_sink
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.engine.slice_job import precommit_slice
 from onceflow.executor.slices import SliceRef
 from onceflow.executor.writing import write_task
 from onceflow.ledger import Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.files import read_committed_table
 
 RANGE = OffsetRange("in", 0, 0, 4)

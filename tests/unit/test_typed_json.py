@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from onceflow.decoding.records import DeadLetter, KafkaRecord, RowDecoder
+from onceflow.decoding.typed_json import MAX_OPENINGS, typed_decoder
 from onceflow.pipeline import JsonFormat
-from onceflow.records import DeadLetter, KafkaRecord, RowDecoder
-from onceflow.typed_json import MAX_OPENINGS, typed_decoder
 
 FMT = JsonFormat(
     schema={

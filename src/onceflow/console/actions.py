@@ -1,7 +1,7 @@
 """The console's guarded actions: commit, abort and recover, through the same `Coordinator` as the CLI.
 
-Nothing is decided here: the coordinator (`onceflow.decisions`) refuses what the invariants forbid, and
-`refusal_line` words a refusal exactly as ``onceflow commit|abort`` prints it (after its ``onceflow:``
+Nothing is decided here: the coordinator (`onceflow.protocol.decisions`) refuses what the invariants forbid,
+and `refusal_line` words a refusal exactly as ``onceflow commit|abort`` prints it (after its ``onceflow:``
 prefix), so an operator reads the same sentence in the console, the task log and the terminal.
 """
 
@@ -78,8 +78,8 @@ def run_action(
        words, any other onceflow error ``error`` with its one line.
     """
     from onceflow.catalog import find_pipeline
-    from onceflow.coordinator import Coordinator
     from onceflow.ledger import IllegalTransition, PrecommitRefused
+    from onceflow.protocol.coordinator import Coordinator
 
     # 1.
     if action not in ACTIONS:

@@ -12,8 +12,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from onceflow import dead_letters
 from onceflow.errors import OnceflowError
+from onceflow.monitoring import dead_letters
 
 if TYPE_CHECKING:
     from onceflow.ledger import Epoch, Ledger, Participant

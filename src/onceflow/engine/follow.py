@@ -23,12 +23,12 @@ from contextlib import contextmanager
 from types import FrameType
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.engine.executors import Executor
 from onceflow.engine.runner import ProcessFailed, epoch_line, run_epoch
 from onceflow.ledger import Ledger
 from onceflow.logs import Log, quiet
 from onceflow.pipeline import load_pipeline
+from onceflow.protocol.coordinator import Coordinator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 MAX_PAUSE_S = 60.0

@@ -1,5 +1,5 @@
 """Avro records decoded in the JVM (spark-avro's ``from_avro``), only where that is provably what the
-Python decoder (`onceflow.avro_records`, fastavro) would give.
+Python decoder (`onceflow.decoding.avro_records`, fastavro) would give.
 
 The driver plans, at slice time, which writer schemas the JVM may decode (`writer_plans`): the plain
 wire's one writer schema, or the registry's writer schemas it can list (every version of the format's
@@ -211,7 +211,7 @@ def writer_plans(fmt: Any, registry: Any, topics: Sequence[str]) -> tuple[list[W
     registry wire). Only schemas the registry lists are planned: a record with any other id goes to
     Python, which looks it up. A registry that does not answer fails the slice, as it would in Python.
     """
-    from onceflow.schema_registry import SchemaNotFound
+    from onceflow.decoding.schema_registry import SchemaNotFound
 
     reader = fmt.reader_schema
     if fmt.wire == "plain":

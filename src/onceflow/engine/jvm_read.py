@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onceflow.avro_records import registry_for
+from onceflow.decoding.avro_records import registry_for
+from onceflow.decoding.records import row_columns, spark_schema
 from onceflow.engine.jvm_avro import WriterPlan, decode_checks, decoded_columns, plan_all, writer_plans
 from onceflow.executor.arrow_rows import arrow_schema, row_batches
 from onceflow.executor.reading import read_task
@@ -43,7 +44,6 @@ from onceflow.executor.slices import SliceRef
 from onceflow.faults import plan_armed
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import AvroFormat, JsonFormat
-from onceflow.records import row_columns, spark_schema
 from onceflow.sources.kafka_planning import ReadTask
 
 # The column that carries a rejected record from a read task to the driver (null on every good row).

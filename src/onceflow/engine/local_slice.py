@@ -16,14 +16,14 @@ from contextlib import ExitStack
 from typing import Any
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
+from onceflow.decoding.records import DeadLetter, row_columns
 from onceflow.engine.slice_job import open_slice, precommit_slice, sink_columns
 from onceflow.errors import ConfigError, SliceFailed
 from onceflow.executor.reading import read_task, split
 from onceflow.executor.writing import TaskReport, write_task
 from onceflow.ledger import Ledger
 from onceflow.pipeline import Pipeline, SinkSpec
-from onceflow.records import DeadLetter, row_columns
+from onceflow.protocol.coordinator import Coordinator
 
 
 def check_local(spec: Pipeline) -> None:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator, EpochOwned
 from onceflow.engine.connect import connect_sessions, pipeline_modules
 from onceflow.engine.executors import Executor, SliceRunner, slice_runner_for
 from onceflow.engine.failures import cause_in_output, failure_line
@@ -28,9 +27,10 @@ from onceflow.engine.submit import SliceTimedOut, submit_slice
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Epoch, Ledger
 from onceflow.logs import Log, quiet
-from onceflow.owners import owner_of_this_process
 from onceflow.pipeline import Pipeline, load_pipeline
-from onceflow.step_results import PlanResult, RecoveryReport
+from onceflow.protocol.coordinator import Coordinator, EpochOwned
+from onceflow.protocol.owners import owner_of_this_process
+from onceflow.protocol.step_results import PlanResult, RecoveryReport
 
 
 class ProcessFailed(OnceflowError):

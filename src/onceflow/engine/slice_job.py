@@ -37,10 +37,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
-from onceflow.avro_records import pinned
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
-from onceflow.decisions import slice_refusal
+from onceflow.decoding.avro_records import pinned
+from onceflow.decoding.records import DeadLetter
 from onceflow.engine.failures import failure_line
 from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, decoded_read
 from onceflow.errors import ConfigError, OnceflowError, SliceFailed
@@ -50,8 +49,9 @@ from onceflow.executor.writing import TaskReport, sinks_task
 from onceflow.faults import crash_point
 from onceflow.ledger import Epoch, IllegalTransition, Ledger, PrecommitRefused
 from onceflow.pipeline import Pipeline, SinkSpec, load_pipeline
-from onceflow.planning import slices_of
-from onceflow.records import DeadLetter
+from onceflow.protocol.coordinator import Coordinator
+from onceflow.protocol.decisions import slice_refusal
+from onceflow.protocol.planning import slices_of
 from onceflow.sinks.registry import sink_kind
 from onceflow.sources.kafka_planning import ReadTask
 from onceflow.state.store import committed_state_files, state_sink

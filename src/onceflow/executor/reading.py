@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from onceflow.avro_records import registry_for
+from onceflow.decoding.avro_records import registry_for
+from onceflow.decoding.records import DeadLetter, RowDecoder
 from onceflow.executor.slices import SliceRef
 from onceflow.faults import crash_point
 from onceflow.pipeline import AvroFormat
-from onceflow.records import DeadLetter, RowDecoder
 from onceflow.sources.kafka_planning import ReadTask
 from onceflow.sources.kafka_range import read_range
 
@@ -17,8 +17,8 @@ from onceflow.sources.kafka_range import read_range
 def read_task(ref: SliceRef, task: ReadTask, decoder: RowDecoder | None = None) -> Iterator[Any]:
     """Yield the task's records in offset order, each as a row tuple or as a `DeadLetter`.
 
-    Rows are tuples in `onceflow.records.row_columns` order. Dead letters are not written anywhere here:
-    they go back to the slice's driver with the rows, which records them with the slice's pre-commits,
+    Rows are tuples in `onceflow.decoding.records.row_columns` order. Dead letters are not written anywhere
+    here: they go back to the slice's driver with the rows, which records them with the slice's pre-commits,
     so that a replay records them again only for a new epoch.
     """
     decoder = decoder or task_decoder(ref)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from onceflow.avro_records import registry_for
+from onceflow.decoding.avro_records import registry_for
+from onceflow.decoding.records import DeadLetter, KafkaRecord, RowDecoder
 from onceflow.pipeline import AvroFormat, RecordFormat
-from onceflow.records import DeadLetter, KafkaRecord, RowDecoder
 
 # The Kafka columns a rejected record carries to Python (`_timestamp` in ms, null when Kafka has none).
 RAW_COLUMNS: tuple[str, ...] = ("topic", "partition", "offset", "_timestamp", "key", "value", "headers")

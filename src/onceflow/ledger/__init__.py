@@ -1,9 +1,10 @@
 """The ledger: the store of the protocol's durable state, with compare-and-set transitions.
 
 Open it with ``Ledger.connect(url)`` (URL from ``Settings.ledger_url``). It imports nothing of the
-coordinator, the committers or any sink: `onceflow.coordinator` drives the protocol through it.
+coordinator, the committers or any sink: `onceflow.protocol.coordinator` drives the protocol through it.
 """
 
+from onceflow.decoding.records import DeadLetter
 from onceflow.ledger.errors import (
     EpochInFlight,
     EpochNotPlanned,
@@ -27,7 +28,6 @@ from onceflow.ledger.errors import (
 from onceflow.ledger.ledger import Ledger, Registration
 from onceflow.ledger.models import EpochStatus, ParticipantStatus
 from onceflow.ledger.records import Epoch, Participant, StoredDeadLetter
-from onceflow.records import DeadLetter
 
 __all__ = [
     "DeadLetter",

@@ -1,8 +1,8 @@
 """The ledger: a store of epochs, offsets, participants and dead letters.
 
 It knows tables and compare-and-set transitions, nothing of sinks or committers: the coordinator
-(`onceflow.coordinator`) drives the protocol through it, and Spark executors never touch it (their driver
-registers a slice's pre-commits in one transaction).
+(`onceflow.protocol.coordinator`) drives the protocol through it, and Spark executors never touch it (their
+driver registers a slice's pre-commits in one transaction).
 
 Epoch status moves ``PLANNED -> COMMITTING -> COMMITTED`` or ``PLANNED -> ABORTING -> ABORTED``. Every
 transition is a compare-and-set (``UPDATE ... WHERE status = :expected``, rowcount checked) in its own short
@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from onceflow.committables import Committable
+from onceflow.decoding.records import DeadLetter
 from onceflow.ledger import dead_letter_pages, retention, schema
 from onceflow.ledger.errors import (
     EpochInFlight,
@@ -56,7 +57,6 @@ from onceflow.ledger.records import Epoch, Participant, StoredDeadLetter, where
 from onceflow.ledger.refusals import abort_refusal, commit_refusal
 from onceflow.ledger.retention import RetentionPolicy, RetentionResult
 from onceflow.offsets import OffsetRange
-from onceflow.records import DeadLetter
 
 
 @dataclass(frozen=True)

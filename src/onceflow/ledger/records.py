@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from onceflow.committables import Committable
+from onceflow.decoding.records import DeadLetter
 from onceflow.ledger.models import EpochStatus, ParticipantStatus
 from onceflow.offsets import OffsetRange
-from onceflow.records import DeadLetter
 
 
 def where(pipeline: str, number: int) -> str:

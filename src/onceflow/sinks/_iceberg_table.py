@@ -42,7 +42,7 @@ TYPE_NAMES: dict[str, str] = {
     "timestamp": "timestamp",
     "timestamptz": "timestamptz",
 }
-# What the decoded rows' types (`onceflow.records.row_columns`) are in Iceberg.
+# What the decoded rows' types (`onceflow.decoding.records.row_columns`) are in Iceberg.
 ROW_TYPES: dict[str, str] = {
     "string": "string",
     "int": "long",
@@ -105,7 +105,7 @@ def load(cat: Catalog, table: str) -> Table | None:
 
 
 def row_type(type_name: str) -> str | None:
-    """The Iceberg column type of a decoded row type (`onceflow.records.row_columns`), or None."""
+    """The Iceberg column type of a decoded row type (`onceflow.decoding.records.row_columns`), or None."""
     return type_name if _DECIMAL.match(type_name) else ROW_TYPES.get(type_name)
 
 

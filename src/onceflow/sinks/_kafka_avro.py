@@ -11,8 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from onceflow.decoding.schema_registry import SchemaNotFound, wire_value
 from onceflow.errors import ConfigError
-from onceflow.schema_registry import SchemaNotFound, wire_value
 from onceflow.sinks.errors import RowError
 
 
@@ -39,7 +39,7 @@ class AvroValues:
         if self._schema is None:
             from fastavro import parse_schema
 
-            from onceflow.avro_records import registry_for
+            from onceflow.decoding.avro_records import registry_for
 
             registry = registry_for(self.registry_url)
             assert registry is not None

@@ -587,7 +587,7 @@ def wanted_columns(spec: Pipeline, config: IcebergConfig) -> list[tuple[str, str
     if isinstance(spec.format, AvroFormat) and not spec.format.pinned:
         return None  # a subject's schema is pinned per slice: the first rows will tell
     if spec.transform is None and spec.state is None:
-        from onceflow.records import row_columns
+        from onceflow.decoding.records import row_columns
 
         columns = row_columns(spec.format)
         unmapped = [

@@ -27,7 +27,6 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from onceflow.errors import ConfigError
 from onceflow.faults import crash_point
-from onceflow.kafka_clients import kafka_config
 from onceflow.names import check_name
 from onceflow.sinks._config import ConfigReader, deployment_default
 from onceflow.sinks._kafka_avro import AvroValues
@@ -42,6 +41,7 @@ from onceflow.sinks.errors import (
 from onceflow.sinks.registry import SinkKind, SinkSetting
 from onceflow.sinks.staging import StagedFileWriter, StagingArea, sha256_file
 from onceflow.sources.consumer_group import position_group
+from onceflow.sources.kafka_clients import kafka_config
 
 if TYPE_CHECKING:
     import pyarrow as pa

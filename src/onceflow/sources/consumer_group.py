@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from onceflow.errors import ServiceUnavailable
-from onceflow.kafka_clients import kafka_config, kafka_error_text
 from onceflow.names import check_name
+from onceflow.sources.kafka_clients import kafka_config, kafka_error_text
 
 TopicPartitionKey = tuple[str, int]
 

@@ -15,9 +15,9 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from onceflow.errors import ServiceUnavailable
-from onceflow.kafka_clients import kafka_config, kafka_error_text
 from onceflow.pipeline import KafkaSource
 from onceflow.sources.errors import PlanningError, TopicNotFound
+from onceflow.sources.kafka_clients import kafka_config, kafka_error_text
 from onceflow.sources.kafka_planning import (
     EpochPlan,
     PartitionOffsets,

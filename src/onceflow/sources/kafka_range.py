@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from onceflow.kafka_clients import kafka_config
+from onceflow.decoding.records import KafkaRecord
 from onceflow.offsets import OffsetRange
-from onceflow.records import KafkaRecord
 from onceflow.sources.errors import OffsetsLost, RangeReadError, RangeReadTimeout, SkippedOffsets
+from onceflow.sources.kafka_clients import kafka_config
 
 
 def read_range(

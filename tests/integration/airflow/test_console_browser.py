@@ -30,9 +30,9 @@ from local_stack.local_airflow import stop_process_groups
 from local_stack.ports import free_port
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.ledger.refusals import abort_refusal
+from onceflow.protocol.coordinator import Coordinator
 from tests.integration.engine.data import produce
 
 pytestmark = pytest.mark.integration

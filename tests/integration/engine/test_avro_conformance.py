@@ -32,6 +32,8 @@ from confluent_kafka import Producer
 from fastavro import parse_schema, schemaless_writer
 
 from onceflow.config import Settings
+from onceflow.decoding.records import DeadLetter
+from onceflow.decoding.schema_registry import FolderSchemaRegistry
 from onceflow.engine.jvm_avro import writer_plans
 from onceflow.engine.jvm_read import (
     DEAD_LETTER_COLUMN,
@@ -45,8 +47,6 @@ from onceflow.engine.jvm_read import (
 from onceflow.engine.slice_job import physical_plan, plan_leaves, plan_operators
 from onceflow.executor.slices import SliceRef
 from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.records import DeadLetter
-from onceflow.schema_registry import FolderSchemaRegistry
 from tests.integration.engine.test_jvm_conformance import _in_offset_order, _key, _ranges, _tasks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -24,12 +24,12 @@ import pytest
 from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.engine.connect import forget_session
 from onceflow.engine.runner import ProcessFailed, run_epoch
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import load_pipeline
-from onceflow.planning import committers_for
+from onceflow.protocol.coordinator import Coordinator
+from onceflow.protocol.planning import committers_for
 from tests.integration.engine.data import delivered_ids, orders, prepared_count, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

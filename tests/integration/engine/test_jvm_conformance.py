@@ -22,6 +22,7 @@ import pytest
 from bench.one_parse import variant_checks
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from onceflow.decoding.records import DeadLetter
 from onceflow.engine.jvm_read import (
     DEAD_LETTER_COLUMN,
     JVM,
@@ -36,7 +37,6 @@ from onceflow.executor.reading import read_task, split
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.records import DeadLetter
 from onceflow.sources.kafka_planning import ReadTask
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

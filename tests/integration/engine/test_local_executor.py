@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import Settings
+from onceflow.decoding.records import DEAD_LETTER_PREFIX_BYTES
 from onceflow.engine.runner import run_epoch
 from onceflow.errors import ConfigError
 from onceflow.ledger import EpochStatus, Ledger
-from onceflow.records import DEAD_LETTER_PREFIX_BYTES
 from onceflow.sinks.files import read_committed_table
 from tests.integration.engine.data import ORDERS, orders, pg_ids, produce
 
@@ -134,9 +134,9 @@ def test_a_slice_opens_one_ledger_connection_whatever_its_tasks_and_sinks(
     stack, settings, monkeypatch
 ) -> None:
     """N tasks x S sinks report through the driver: one connection, not one per task and sink."""
-    from onceflow.coordinator import Coordinator
     from onceflow.engine.local_slice import run_slice_local
     from onceflow.pipeline import load_pipeline
+    from onceflow.protocol.coordinator import Coordinator
 
     produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(0, 30), bad=[b"{"])
     spec = load_pipeline(REPLICATE)

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.engine.runner import EpochOutcome, run_epoch
 from onceflow.faults import PAUSE_AT_ENV, PAUSE_DIR_ENV
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import load_pipeline
+from onceflow.protocol.coordinator import Coordinator
 from tests.integration.engine.data import orders, pg_ids, produce, wait_while_running
 
 pytestmark = pytest.mark.integration

@@ -25,13 +25,13 @@ from local_stack.ports import consecutive_free_ports, free_ports
 from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.engine.connect import forget_session
 from onceflow.engine.runner import run_epoch
 from onceflow.faults import PAUSE_AT_ENV, PAUSE_DIR_ENV
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import load_pipeline
-from onceflow.planning import committers_for
+from onceflow.protocol.coordinator import Coordinator
+from onceflow.protocol.planning import committers_for
 from onceflow.sinks.postgres_2pc import GidParts, parse_gid
 from tests.integration.engine.data import delivered_ids, orders, produce
 

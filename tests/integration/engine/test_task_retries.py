@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import Settings
-from onceflow.coordinator import Coordinator
 from onceflow.engine.runner import run_epoch
 from onceflow.faults import CRASH_AT_ENV, CRASH_STATE_ENV, crashed
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import load_pipeline
-from onceflow.planning import committers_for
+from onceflow.protocol.coordinator import Coordinator
+from onceflow.protocol.planning import committers_for
 from onceflow.sinks.files import read_committed_table
 from tests.integration.engine.data import ORDERS, orders, pg_ids, prepared_count, produce
 

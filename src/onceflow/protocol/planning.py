@@ -3,8 +3,8 @@ checks made before planning.
 
 Pure functions of the spec and the ranges (so every process agrees on the same slices and tasks), the
 read of Kafka's offsets that bounds an epoch, and the plan-time checks that refuse a spec whose sinks
-would certainly fail or weaken its guarantee later. The coordinator (`onceflow.coordinator`) runs them
-and writes the plan to the ledger; the slice drivers use the same slices.
+would certainly fail or weaken its guarantee later. The coordinator (`onceflow.protocol.coordinator`) runs
+them and writes the plan to the ledger; the slice drivers use the same slices.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from onceflow.errors import ConfigError
 from onceflow.ledger import Epoch, EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import STATE_SINK, Pipeline, SinkSpec
+from onceflow.protocol.step_results import PlanResult, PlanStatus
 from onceflow.sinks.base import SinkCommitter
 from onceflow.sinks.registry import known_kinds, sink_kind
 from onceflow.sources.kafka_planning import EpochPlan, SlicePlan, assign_slices
 from onceflow.state.store import state_sink
-from onceflow.step_results import PlanResult, PlanStatus
 
 
 def next_ranges(

@@ -2,7 +2,7 @@
 a single call into msgspec's C decoder, instead of ``json`` building a dict that Python then walks.
 
 It only ever says yes or "not sure". A record it accepts gets exactly the values the exact decoder
-(`onceflow.records.RowDecoder`'s ``json`` path) would give it; for anything else it returns None and
+(`onceflow.decoding.records.RowDecoder`'s ``json`` path) would give it; for anything else it returns None and
 the exact decoder decides, so that every dead letter and its reason stay the ``json`` module's. Where
 the two parsers differ, the typed one is the stricter or is kept out:
 

@@ -9,13 +9,14 @@ protocol's steps, each with its numbered steps in the docstring and the code fol
     recover (finish the epoch in flight the way it was decided, then sweep) ... report
 
 Commit, abort and recover share one copy of each finishing step (`_finish_commit`, `_finish_abort`).
-Decisions are pure functions in `onceflow.decisions`; durable state and its compare-and-set transitions
-live in the ledger, which knows nothing of sinks. What the steps need besides the protocol lives in
-modules of its own: who owns an epoch (`onceflow.owners`), what the steps return
-(`onceflow.step_results`), the ranges and participants of a plan (`onceflow.planning`), the position
-shown to Kafka's tools (`onceflow.positions`), retention (`onceflow.retaining`) and the report
-(`onceflow.epoch_report`). Every step is idempotent and recorded in the ledger before the next one, so
-running any of them again after a crash anywhere picks up where the last run stopped (invariant 8).
+Decisions are pure functions in `onceflow.protocol.decisions`; durable state and its compare-and-set
+transitions live in the ledger, which knows nothing of sinks. What the steps need besides the protocol lives
+in modules of its own: who owns an epoch (`onceflow.protocol.owners`), what the steps return
+(`onceflow.protocol.step_results`), the ranges and participants of a plan (`onceflow.protocol.planning`), the
+position shown to Kafka's tools (`onceflow.protocol.positions`), retention (`onceflow.protocol.retaining`)
+and the report (`onceflow.protocol.epoch_report`). Every step is idempotent and recorded in the ledger before
+the next one, so running any of them again after a crash anywhere picks up where the last run stopped
+(invariant 8).
 """
 
 from __future__ import annotations
@@ -25,13 +26,10 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 
 from onceflow.committables import Committable
-from onceflow.committer_calls import call_committer
 from onceflow.config import Settings
-from onceflow.decisions import decide_plan, decide_recovery, slice_refusal
-from onceflow.epoch_report import report_lines
+from onceflow.decoding.records import DeadLetter
 from onceflow.errors import ConfigError
 from onceflow.faults import crash_point
-from onceflow.leases import renewing
 from onceflow.ledger import (
     Epoch,
     EpochStatus,
@@ -48,9 +46,13 @@ from onceflow.ledger.models import utcnow
 from onceflow.ledger.refusals import abort_refusal, commit_refusal
 from onceflow.ledger.retention import RetentionResult
 from onceflow.logs import Log, quiet
-from onceflow.owners import OwnerAlive, owner_of_this_process, process_alive
 from onceflow.pipeline import Pipeline
-from onceflow.planning import (
+from onceflow.protocol.committer_calls import call_committer
+from onceflow.protocol.decisions import decide_plan, decide_recovery, slice_refusal
+from onceflow.protocol.epoch_report import report_lines
+from onceflow.protocol.leases import renewing
+from onceflow.protocol.owners import OwnerAlive, owner_of_this_process, process_alive
+from onceflow.protocol.planning import (
     committers_for,
     describe_slices,
     expected_participants,
@@ -61,13 +63,12 @@ from onceflow.planning import (
     run_plan_checks,
     slices_of,
 )
-from onceflow.positions import publish_position
-from onceflow.records import DeadLetter
-from onceflow.retaining import retain, retain_after_commit
+from onceflow.protocol.positions import publish_position
+from onceflow.protocol.retaining import retain, retain_after_commit
+from onceflow.protocol.step_results import PlanResult, PlanStatus, RecoveryReport, SliceGate
+from onceflow.protocol.sweeper import sweep_orphans
 from onceflow.sinks.base import SinkCommitter
 from onceflow.sources.kafka_planning import EpochPlan, SlicePlan
-from onceflow.step_results import PlanResult, PlanStatus, RecoveryReport, SliceGate
-from onceflow.sweeper import sweep_orphans
 
 
 class EpochOwned(IllegalTransition):

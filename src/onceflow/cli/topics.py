@@ -16,7 +16,7 @@ from typing import Any
 
 from onceflow.config import Settings
 from onceflow.errors import ConfigError, OnceflowError, ServiceUnavailable
-from onceflow.kafka_clients import kafka_config, kafka_error_text
+from onceflow.sources.kafka_clients import kafka_config, kafka_error_text
 
 TIMEOUT_S = 30.0
 # What Kafka accepts as a topic name (and what a pipeline's source accepts).

@@ -4,7 +4,7 @@ The ledger keeps every dead letter with its epoch, position and bytes; they are 
 commits (an aborted epoch's records are read again by the epoch that replays them, which reports them
 again). Text output shows a preview of each value for a person fixing the producer; ``--json`` carries
 the key and value bytes as kept (base64): a letter keeps a prefix of each and the whole sizes
-(`onceflow.records.DEAD_LETTER_PREFIX_BYTES`), the record itself stays in Kafka at its offset.
+(`onceflow.decoding.records.DEAD_LETTER_PREFIX_BYTES`), the record itself stays in Kafka at its offset.
 """
 
 from __future__ import annotations

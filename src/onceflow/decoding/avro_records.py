@@ -15,9 +15,15 @@ import json
 import re
 from typing import Any
 
+from onceflow.decoding.schema_registry import (
+    MAGIC_BYTE,
+    WIRE_HEADER,
+    SchemaNotFound,
+    SchemaRegistry,
+    registry_at,
+)
 from onceflow.errors import ConfigError
 from onceflow.pipeline import AvroFormat, Pipeline
-from onceflow.schema_registry import MAGIC_BYTE, WIRE_HEADER, SchemaNotFound, SchemaRegistry, registry_at
 
 # Parsed writer schemas by (registry's cache key, id), for this process: ids are immutable in a registry.
 _WRITERS: dict[tuple[str, int], Any] = {}
@@ -26,7 +32,7 @@ _REGISTRIES: dict[str, SchemaRegistry] = {}
 
 
 def registry_for(url: str | None) -> SchemaRegistry | None:
-    """This process's client of the registry at ``url`` (see `onceflow.schema_registry.registry_at`)."""
+    """This process's client of the registry at ``url`` (see `schema_registry.registry_at`)."""
     if url is None:
         return None
     if url not in _REGISTRIES:

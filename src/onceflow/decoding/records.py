@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from onceflow.avro_records import AvroDecoder, AvroReject
+from onceflow.decoding.avro_records import AvroDecoder, AvroReject
+from onceflow.decoding.schema_registry import SchemaRegistry
+from onceflow.decoding.typed_json import typed_decoder
 from onceflow.pipeline import AvroFormat, JsonFormat, RecordFormat
-from onceflow.schema_registry import SchemaRegistry
-from onceflow.typed_json import typed_decoder
 
 Row = dict[str, Any]
 
@@ -207,8 +207,8 @@ class RowDecoder:
 
     Built once per format and task, so that the per-record path, which runs for every record an epoch
     reads, does no schema look-ups. A JSON record goes first to the format's typed decoder
-    (`onceflow.typed_json`), which parses and checks it in one call; what that one does not accept takes
-    the exact path, where each field's accepted Python type is resolved here and only a value that
+    (`onceflow.decoding.typed_json`), which parses and checks it in one call; what that one does not accept
+    takes the exact path, where each field's accepted Python type is resolved here and only a value that
     fails the fast type test goes through `_convert` for its precise reason.
     """
 

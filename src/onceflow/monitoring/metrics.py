@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from onceflow.ledger import Epoch, EpochStatus, Ledger
-from onceflow.new_records import Backlog
+from onceflow.monitoring.new_records import Backlog
 
 Kind = Literal["count", "gauge", "timing_ms"]
 # The steps whose wall time is measured, as the DAG names its tasks.

@@ -23,18 +23,20 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from onceflow import dead_letters, redact, topics
+from onceflow import redact
+from onceflow.cli import topics
 from onceflow.config import EXECUTORS, Settings
 from onceflow.console.actions import refusal_line
 from onceflow.console.read_model import backlog as _backlog
 from onceflow.console.read_model import epoch_dict as _epoch_dict
 from onceflow.console.read_model import iso_time as _time
 from onceflow.errors import ConfigError, OnceflowError, debug_enabled, one_line
-from onceflow.kafka_clients import LOGGER_NAME
+from onceflow.monitoring import dead_letters
+from onceflow.sources.kafka_clients import LOGGER_NAME
 
 if TYPE_CHECKING:
-    from onceflow.coordinator import Coordinator
     from onceflow.ledger import Ledger
+    from onceflow.protocol.coordinator import Coordinator
 
 EXIT_ERROR = 1
 EXIT_REFUSED = 3
@@ -230,7 +232,7 @@ def _group_positions(
 
 def _coordinator(ledger: Ledger, pipeline: str, settings: Settings) -> Coordinator:
     from onceflow.catalog import find_pipeline
-    from onceflow.coordinator import Coordinator
+    from onceflow.protocol.coordinator import Coordinator
 
     def say(line: str) -> None:
         print(line, file=sys.stderr)
@@ -254,7 +256,7 @@ def _cmd_recover(ledger: Ledger, args: argparse.Namespace, settings: Settings) -
 
 
 def _cmd_preview(ledger: Ledger, args: argparse.Namespace, settings: Settings) -> int:
-    from onceflow.planning import describe_slices
+    from onceflow.protocol.planning import describe_slices
 
     plan, slices = _coordinator(ledger, args.pipeline, settings).preview(
         max_records_per_partition=args.max_records_per_partition
@@ -281,7 +283,7 @@ def _cmd_abort(ledger: Ledger, args: argparse.Namespace, settings: Settings) -> 
 
 def _cmd_retain(ledger: Ledger, args: argparse.Namespace, settings: Settings) -> int:
     from onceflow.catalog import known_pipeline
-    from onceflow.coordinator import Coordinator
+    from onceflow.protocol.coordinator import Coordinator
 
     known_pipeline(ledger, args.pipeline, settings.pipelines)
     base = settings

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from onceflow.committables import Committable
-from onceflow.decisions import OrphanAction, classify_orphan
 from onceflow.errors import one_line
 from onceflow.ledger import Ledger, Participant, SinkCallFailed
+from onceflow.protocol.decisions import OrphanAction, classify_orphan
+from onceflow.protocol.step_results import RecoveryReport
 from onceflow.sinks.base import SinkCommitter
-from onceflow.step_results import RecoveryReport
 
 
 def sweep_orphans(
