@@ -61,6 +61,7 @@ from onceflow.offsets import OffsetRange
 from onceflow.protocol.coordinator import Coordinator
 from onceflow.protocol.retaining import retention_interval
 from onceflow.sinks._pg import NothingToCommit
+from onceflow.testing import coordinator_for_tests
 
 BEGIN = "<!-- coordination-bench -->"
 END = "<!-- /coordination-bench -->"
@@ -256,7 +257,8 @@ def wide_pipeline(url: str, shape: Shape, epochs: int, history: int, keep: int) 
         started = time.perf_counter()
         seed_history(ledger, pipeline, shape, history)
         seeded_s = time.perf_counter() - started
-        coordinator = Coordinator(ledger, pipeline, sinks)  # no settings: retention is timed on its own
+        # Test settings keep no retention after commits: retention is timed on its own below.
+        coordinator = coordinator_for_tests(ledger, pipeline, sinks)
         counter = StatementCounter(ledger)
         policy = RetentionPolicy(keep_epochs=keep, dead_letter_age=timedelta(days=7))
         run_epoch(ledger, coordinator, shape)  # warm-up: connections, statement caches
@@ -315,7 +317,9 @@ def _pipeline_thread(
     url: str, name: str, shape: Shape, epochs: int, start_at: float, out: list[dict[str, Any]]
 ) -> None:
     with Ledger.connect(url) as ledger:
-        coordinator = Coordinator(ledger, name, {f"sink{i}": NothingToCommit() for i in range(shape.sinks)})
+        coordinator = coordinator_for_tests(
+            ledger, name, {f"sink{i}": NothingToCommit() for i in range(shape.sinks)}
+        )
         run_epoch(ledger, coordinator, shape)  # warm-up, before the common start
         time.sleep(max(0.0, start_at - time.time()))
         for _ in range(epochs):

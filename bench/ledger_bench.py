@@ -25,9 +25,8 @@ import psycopg
 from onceflow.config import Settings
 from onceflow.ledger import Ledger
 from onceflow.offsets import OffsetRange
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.base import Committable
-from onceflow.testing import RecordingCommitter
+from onceflow.testing import RecordingCommitter, coordinator_for_tests
 
 OUT = Path(__file__).resolve().parent / "out" / "ledger.json"
 
@@ -46,7 +45,7 @@ def run_epochs(ledger: Ledger, epochs: int, warmup: int, participants: int) -> l
             for sink, task in tasks
         ]
         ledger.precommit_slice(pipeline, epoch.number, epoch.attempt_token, committables)
-        Coordinator(ledger, pipeline, committers).commit(number=epoch.number)
+        coordinator_for_tests(ledger, pipeline, committers).commit(number=epoch.number)
         if n >= warmup:
             timings.append((time.perf_counter() - started) * 1000)
     return timings

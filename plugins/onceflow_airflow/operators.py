@@ -383,7 +383,7 @@ class OnceflowAbortOperator(_OnceflowOperator):
                 epoch = coordinator.abort(
                     run_id=run_id, reason=f"aborted by Airflow task {self.task_id} of run {run_id}"
                 )
-            assert coordinator.spec is not None and coordinator.settings is not None
+            assert coordinator.spec is not None
             send_epoch_metrics(
                 coordinator.ledger, coordinator.spec, run_id, coordinator.settings.kafka_bootstrap, self.log
             )
@@ -397,7 +397,7 @@ class OnceflowReportOperator(_OnceflowOperator):
     def execute(self, context: Any) -> list[str]:
         run_id = context["dag_run"].run_id
         with self.coordinator() as coordinator:
-            assert coordinator.spec is not None and coordinator.settings is not None
+            assert coordinator.spec is not None
             send_epoch_metrics(
                 coordinator.ledger, coordinator.spec, run_id, coordinator.settings.kafka_bootstrap, self.log
             )

@@ -1,4 +1,5 @@
-"""An in-memory sink committer for tests of code that drives the ledger (not a real sink).
+"""An in-memory sink committer for tests of code that drives the ledger (not a real sink), and the one
+way tests and tools build a coordinator over such committers (`coordinator_for_tests`).
 
 It models what matters to the protocol: output is *staged* by a writer, becomes *visible* on commit and
 disappears on abort; committing or aborting twice is a no-op; aborting visible output and committing output
@@ -8,14 +9,24 @@ JSON file, so that another process (the console script, a racing worker) can use
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.committables import Committable
+from onceflow.config import Settings
+from onceflow.logs import Log, quiet
 from onceflow.sinks.registry import SinkKind
+
+if TYPE_CHECKING:  # the recording kind also loads where tasks run, which import no ledger nor coordinator
+    from onceflow.ledger import Ledger
+    from onceflow.pipeline import Pipeline
+    from onceflow.protocol.coordinator import Coordinator
+    from onceflow.sinks.base import SinkCommitter
 
 Key = tuple[str, int, str, str, str]
 
@@ -120,3 +131,39 @@ def _recording_committer(config: Mapping[str, Any]) -> RecordingCommitter:
 RECORDING_KIND = SinkKind(
     name="recording", writer=_no_writer, committer=_recording_committer, guarantee="exactly_once"
 )
+
+
+def settings_for_tests(ledger: Ledger, **changes: Any) -> Settings:
+    """Settings for a coordinator over in-memory committers: the ledger's URL, a Kafka and a PostgreSQL
+    that nothing listens on (such a coordinator has no spec, so it never reaches them), and no retention
+    after commits, so that a test reads back every epoch it made. ``changes`` replace any field."""
+    base = Settings(
+        home=Path(tempfile.gettempdir()) / "onceflow-tests",
+        kafka_bootstrap="127.0.0.1:9",
+        pg_dsn="postgresql://onceflow-tests@127.0.0.1:9/none",
+        ledger_url=ledger.url,
+        retain_epochs=0,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def coordinator_for_tests(
+    ledger: Ledger,
+    pipeline: str,
+    committers: Mapping[str, SinkCommitter] | None = None,
+    *,
+    settings: Settings | None = None,
+    spec: Pipeline | None = None,
+    log: Log = quiet,
+) -> Coordinator:
+    """A coordinator of ``pipeline`` over ``committers``, with `settings_for_tests` unless given others."""
+    from onceflow.protocol.coordinator import Coordinator
+
+    return Coordinator(
+        ledger,
+        pipeline,
+        committers,
+        settings=settings_for_tests(ledger) if settings is None else settings,
+        spec=spec,
+        log=log,
+    )

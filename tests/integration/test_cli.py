@@ -15,9 +15,8 @@ from onceflow.config import Settings
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.base import Committable
-from onceflow.testing import RecordingCommitter
+from onceflow.testing import RecordingCommitter, coordinator_for_tests
 
 pytestmark = pytest.mark.integration
 
@@ -179,7 +178,7 @@ def test_status_reports_position_epoch_in_flight_and_lag(
         producer.produce(topic, value=b"x", partition=0 if i < 4 else 1)
     assert producer.flush(30) == 0
     e1 = ledger.plan_epoch(P, [OffsetRange(topic, 0, 0, 3), OffsetRange(topic, 1, 0, 1)], [])
-    Coordinator(ledger, P, {}).commit(number=e1.number)
+    coordinator_for_tests(ledger, P, {}).commit(number=e1.number)
     ledger.plan_epoch(P, [OffsetRange(topic, 0, 3, 4)], [])
 
     # The ledger knows the pipeline; without its spec, status reads the partitions it has positions for.

@@ -7,7 +7,7 @@ import pytest
 
 from onceflow.ledger import EpochStatus, Ledger, SchemaMismatch
 from onceflow.offsets import OffsetRange
-from onceflow.protocol.coordinator import Coordinator
+from onceflow.testing import coordinator_for_tests
 from tests.unit.test_dead_letter_pages import check_pages
 from tests.unit.test_ledger import check_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades
 from tests.unit.test_ledger_state_machine import run_machine
@@ -21,7 +21,7 @@ def test_fresh_postgresql_database_needs_upgrade_then_works(pg_database: str) ->
     Ledger.connect(pg_database, check=False).upgrade()
     with Ledger.connect(pg_database.replace("postgresql://", "postgresql+psycopg://", 1)) as ledger:
         e = ledger.plan_epoch("p", [OffsetRange("in", 0, 0, 3)], [])
-        assert Coordinator(ledger, "p", {}).commit(number=e.number).status is EpochStatus.COMMITTED
+        assert coordinator_for_tests(ledger, "p", {}).commit(number=e.number).status is EpochStatus.COMMITTED
         assert ledger.committed_offsets("p") == {("in", 0): 3}
 
 

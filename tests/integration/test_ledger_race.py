@@ -10,9 +10,8 @@ import pytest
 
 from onceflow.ledger import EpochStatus, IllegalTransition, Ledger
 from onceflow.offsets import OffsetRange
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.base import Committable
-from onceflow.testing import RecordingCommitter
+from onceflow.testing import RecordingCommitter, coordinator_for_tests
 
 pytestmark = pytest.mark.integration
 
@@ -30,9 +29,9 @@ def _worker(url: str, index: int, barrier: Any, results: Any, record: str) -> No
         barrier.wait()
         try:
             if action == "commit":
-                Coordinator(ledger, P, sinks).commit(number=number)
+                coordinator_for_tests(ledger, P, sinks).commit(number=number)
             else:
-                Coordinator(ledger, P, sinks).abort(number=number, reason=f"worker {index}")
+                coordinator_for_tests(ledger, P, sinks).abort(number=number, reason=f"worker {index}")
             outcome = "ok"
         except IllegalTransition:
             outcome = "refused"

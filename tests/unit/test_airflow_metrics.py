@@ -19,10 +19,9 @@ from onceflow.monitoring.metrics import epoch_metrics, lag_metrics, step_metric
 from onceflow.monitoring.new_records import backlog_of
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import KafkaSource
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.base import Committable
 from onceflow.sources.kafka_planning import PartitionOffsets
-from onceflow.testing import RecordingCommitter
+from onceflow.testing import RecordingCommitter, coordinator_for_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 P = "clicks.eu"  # a dot of its own must not add a level to the metric names
@@ -77,7 +76,7 @@ def committed_epoch(tmp_path: Path):  # type: ignore[no-untyped-def]
         DeadLetter("clicks", 1, 0, None, None, "null_value: y"),
     ]
     ledger.precommit_slice(P, epoch.number, epoch.attempt_token, committables, letters)
-    done = Coordinator(ledger, P, {"pg": sink}).commit(number=epoch.number)
+    done = coordinator_for_tests(ledger, P, {"pg": sink}).commit(number=epoch.number)
     yield ledger, done
     ledger.close()
 
@@ -125,7 +124,9 @@ def test_an_aborted_epoch_counts_as_aborted_and_nothing_else(statsd, committed_e
 
     ledger, _ = committed_epoch
     epoch = ledger.plan_epoch(P, [OffsetRange("clicks", 0, 6, 8)], [("pg", "s0-t0")])
-    aborted = Coordinator(ledger, P, {"pg": RecordingCommitter()}).abort(number=epoch.number, reason="test")
+    aborted = coordinator_for_tests(ledger, P, {"pg": RecordingCommitter()}).abort(
+        number=epoch.number, reason="test"
+    )
     assert aborted is not None
     emit(epoch_metrics(ledger, aborted))
     assert _received(statsd, 1) == ["airflow.onceflow.clicks_eu.epochs.aborted:1|c"]

@@ -13,7 +13,7 @@ from onceflow.cli.main import EXIT_ERROR, main
 from onceflow.ledger import DeadLetter, Ledger
 from onceflow.monitoring.dead_letters import preview
 from onceflow.offsets import OffsetRange
-from onceflow.protocol.coordinator import Coordinator
+from onceflow.testing import coordinator_for_tests
 
 P = "clicks"
 LETTERS = [
@@ -31,7 +31,7 @@ def ledger_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         ledger.upgrade()
         first = ledger.plan_epoch(P, [OffsetRange("in", 0, 0, 3), OffsetRange("in", 1, 0, 5)], [])
         ledger.precommit_slice(P, 1, first.attempt_token, [], LETTERS)
-        Coordinator(ledger, P, {}).commit(number=1)
+        coordinator_for_tests(ledger, P, {}).commit(number=1)
         second = ledger.plan_epoch(P, [OffsetRange("in", 0, 3, 4), OffsetRange("in", 1, 5, 5)], [])
         ledger.precommit_slice(
             P, 2, second.attempt_token, [], [DeadLetter("in", 0, 3, None, b"[]", "not_object: x")]

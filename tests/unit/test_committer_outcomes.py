@@ -14,7 +14,7 @@ from onceflow.offsets import OffsetRange
 from onceflow.protocol import committer_calls
 from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.errors import RetryLater, StagedOutputLost
-from onceflow.testing import RecordingCommitter
+from onceflow.testing import RecordingCommitter, coordinator_for_tests
 
 P = "clicks"
 
@@ -42,7 +42,7 @@ def decided(tmp_path: Path, committer: RecordingCommitter) -> tuple[Ledger, Coor
     staged = Committable(P, 1, 0, "s0-t0", "a", "db", record_count=3, checksum="c")
     committer.stage(staged)
     ledger.precommit_slice(P, 1, epoch.attempt_token, [staged])
-    return ledger, Coordinator(ledger, P, {"db": committer})
+    return ledger, coordinator_for_tests(ledger, P, {"db": committer})
 
 
 @pytest.fixture(autouse=True)

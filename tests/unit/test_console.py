@@ -18,8 +18,7 @@ from onceflow.console.read_model import dead_letter_view, epochs_view, in_doubt,
 from onceflow.ledger import DeadLetter, EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.protocol.coordinator import Coordinator
-from onceflow.testing import RecordingCommitter
+from onceflow.testing import RecordingCommitter, coordinator_for_tests
 
 P = "clicks"
 # The recording sink keeps its state in a JSON file in this folder: the CLI (same process) finds the
@@ -70,7 +69,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
         for task, _ in enumerate(expected):
             precommit(ledger, 1, first.attempt_token, f"s0-t{task}")
         ledger.precommit_slice(P, 1, first.attempt_token, [], LETTERS)
-        Coordinator(ledger, P, {"db": sink()}).commit(number=1)
+        coordinator_for_tests(ledger, P, {"db": sink()}).commit(number=1)
         second = ledger.plan_epoch(
             P, [OffsetRange("in", 0, 3, 7), OffsetRange("in", 1, 5, 5)], expected, run_id="manual__2"
         )
@@ -124,7 +123,7 @@ def test_in_doubt_names_the_undecided_epoch_its_prepared_participants_and_the_mi
     assert [(p["task"], p["records"]) for p in doubt["prepared"]] == [("s0-t0", 3)]
     assert doubt["missing"] == ["db/s0-t1"]
     assert doubt["next_step"].startswith("undecided")
-    Coordinator(ledger, P, {"db": sink()}).abort(number=2, reason="test")
+    coordinator_for_tests(ledger, P, {"db": sink()}).abort(number=2, reason="test")
     assert in_doubt(ledger, P, epoch.planned_at) is None
 
 
@@ -230,10 +229,10 @@ def test_the_page_escapes_what_producers_wrote(ledger: Ledger) -> None:
 
     hostile = DeadLetter("in", 0, 2, b"<b>", b"<script>alert(1)</script>", "malformed_json: <img src=x>")
     second = ledger.epoch(P, 2)
-    Coordinator(ledger, P, {"db": sink()}).abort(number=2, reason="<i>why</i>")
+    coordinator_for_tests(ledger, P, {"db": sink()}).abort(number=2, reason="<i>why</i>")
     third = ledger.plan_epoch(P, [OffsetRange("in", 0, 3, 7), OffsetRange("in", 1, 5, 5)], [])
     ledger.precommit_slice(P, third.number, third.attempt_token, [], [hostile])
-    Coordinator(ledger, P, {}).commit(number=third.number)
+    coordinator_for_tests(ledger, P, {}).commit(number=third.number)
     view = pipeline_view(
         ledger, P, second.planned_at, bootstrap=NO_KAFKA, pipelines=PIPELINES, kafka_timeout=0.5
     )

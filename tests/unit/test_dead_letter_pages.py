@@ -10,7 +10,7 @@ from onceflow.ledger import DeadLetter, Ledger
 from onceflow.ledger.dead_letter_pages import PREFIX_BYTES
 from onceflow.monitoring.dead_letters import PREVIEW_CHARS
 from onceflow.offsets import OffsetRange
-from onceflow.protocol.coordinator import Coordinator
+from onceflow.testing import coordinator_for_tests
 
 P = "pages"
 BIG = 2_000_000
@@ -34,10 +34,10 @@ def fill(ledger: Ledger) -> None:
         epoch = ledger.plan_epoch(P, [OffsetRange("in", 0, number - 1, number)], [])
         ledger.precommit_slice(P, number, epoch.attempt_token, [], batch)
         if number < 3:
-            Coordinator(ledger, P, {}).commit(number=epoch.number)
+            coordinator_for_tests(ledger, P, {}).commit(number=epoch.number)
     other = ledger.plan_epoch("other", [OffsetRange("in", 0, 0, 1)], [])
     ledger.precommit_slice("other", 1, other.attempt_token, [], letters[:1])
-    Coordinator(ledger, "other", {}).commit(number=1)
+    coordinator_for_tests(ledger, "other", {}).commit(number=1)
 
 
 def check_pages(ledger: Ledger) -> None:

@@ -33,10 +33,9 @@ from onceflow.ledger import (
 from onceflow.ledger.records import Epoch
 from onceflow.ledger.schema import normalize_url
 from onceflow.offsets import OffsetRange
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.protocol.decisions import classify_orphan
 from onceflow.sinks.base import Committable
-from onceflow.testing import RecordingCommitter, key_of
+from onceflow.testing import RecordingCommitter, coordinator_for_tests, key_of
 
 P = "orders"
 EXPECTED = [("db", "t0"), ("db", "t1"), ("files", "t0")]
@@ -181,7 +180,7 @@ def check_a_ledger_with_state_snapshot_rows_upgrades_and_downgrades(url: str) ->
     with Ledger.connect(url) as upgraded:
         assert "state_snapshots" not in _tables(upgraded)
         assert [(x.number, x.status) for x in upgraded.epochs(P)] == [(1, EpochStatus.PLANNED)]
-        assert Coordinator(upgraded, P, {}).commit(number=1).status is EpochStatus.COMMITTED
+        assert coordinator_for_tests(upgraded, P, {}).commit(number=1).status is EpochStatus.COMMITTED
     _migrate(url, "0002_epoch_owner", down=True)
     with Ledger.connect(url, check=False) as downgraded:
         assert "state_snapshots" in _tables(downgraded)
@@ -243,7 +242,7 @@ def test_epoch_numbers_increase_by_one_per_pipeline(
     for n in (1, 2, 3):
         e = ledger.plan_epoch(P, ranges(n - 1, n), [])
         assert e.number == n
-        Coordinator(ledger, P, sinks).commit(number=n)
+        coordinator_for_tests(ledger, P, sinks).commit(number=n)
     assert ledger.plan_epoch("other", [], []).number == 1
 
 
@@ -255,7 +254,7 @@ def test_next_epoch_starts_where_the_last_committed_one_ended(
 ) -> None:
     e1 = ledger.plan_epoch(P, ranges(10, 20, 0, 3), EXPECTED)
     precommit_all(ledger, sinks, e1)
-    Coordinator(ledger, P, sinks).commit(number=1)
+    coordinator_for_tests(ledger, P, sinks).commit(number=1)
     assert ledger.committed_offsets(P) == {("in", 0): 20, ("in", 1): 3}
     with pytest.raises(OffsetGap, match=r"in\[0\]@\[21,30\) must start at offset 20"):
         ledger.plan_epoch(P, ranges(21, 30, 3, 4), EXPECTED)
@@ -275,35 +274,35 @@ def test_a_committed_interval_can_be_replanned_over_exactly_its_ranges_without_m
 
     interval = (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 1, tzinfo=UTC))
     ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval)
-    Coordinator(ledger, P, sinks).abort(number=1, reason="task failed")
+    coordinator_for_tests(ledger, P, sinks).abort(number=1, reason="task failed")
     with pytest.raises(InvalidPlan, match="only a committed epoch's output can be replaced"):
         ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval, replaces=1)
     e2 = ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval)
     precommit_all(ledger, sinks, e2)
-    Coordinator(ledger, P, sinks).commit(number=e2.number)
+    coordinator_for_tests(ledger, P, sinks).commit(number=e2.number)
     e3 = ledger.plan_epoch(P, ranges(10, 20), EXPECTED)
     precommit_all(ledger, sinks, e3)
-    Coordinator(ledger, P, sinks).commit(number=e3.number)
+    coordinator_for_tests(ledger, P, sinks).commit(number=e3.number)
     with pytest.raises(InvalidPlan, match="must read exactly its ranges"):
         ledger.plan_epoch(P, ranges(0, 11), EXPECTED, data_interval=interval, replaces=e2.number)
     with pytest.raises(InvalidPlan, match="covers data interval"):
         ledger.plan_epoch(P, ranges(0, 10), EXPECTED, replaces=e2.number)
     e4 = ledger.plan_epoch(P, ranges(0, 10), EXPECTED, data_interval=interval, replaces=e2.number)
     precommit_all(ledger, sinks, e4)
-    Coordinator(ledger, P, sinks).commit(number=e4.number)
+    coordinator_for_tests(ledger, P, sinks).commit(number=e4.number)
     assert ledger.committed_offsets(P)[("in", 0)] == 20  # the re-run interval did not move it back
 
 
 def test_an_aborted_range_is_replayed(ledger: Ledger, sinks: dict[str, RecordingCommitter]) -> None:
     e1 = ledger.plan_epoch(P, ranges(0, 10), EXPECTED)
     stage(ledger, sinks, e1, "db", "t0")
-    Coordinator(ledger, P, sinks).abort(number=1, reason="task failed")
+    coordinator_for_tests(ledger, P, sinks).abort(number=1, reason="task failed")
     assert ledger.committed_offsets(P) == {}
     ledger.plan_epoch(P, ranges(0, 10), EXPECTED)  # nothing was committed: any start is fine
-    Coordinator(ledger, P, sinks).abort(number=2, reason="again")
+    coordinator_for_tests(ledger, P, sinks).abort(number=2, reason="again")
     e3 = ledger.plan_epoch(P, ranges(0, 12), EXPECTED)
     precommit_all(ledger, sinks, e3)
-    Coordinator(ledger, P, sinks).commit(number=3)
+    coordinator_for_tests(ledger, P, sinks).commit(number=3)
     with pytest.raises(OffsetGap):
         ledger.plan_epoch(P, ranges(10, 12), EXPECTED)
     assert ledger.plan_epoch(P, ranges(12, 15), EXPECTED).ranges[0] == OffsetRange("in", 0, 12, 15)
@@ -352,7 +351,7 @@ def test_first_attempt_wins_same_attempt_is_a_no_op_other_attempt_is_refused(
 
 def test_zombies_are_refused(ledger: Ledger, sinks: dict[str, RecordingCommitter]) -> None:
     e1 = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
-    Coordinator(ledger, P, sinks).abort(number=1, reason="retry")
+    coordinator_for_tests(ledger, P, sinks).abort(number=1, reason="retry")
     with pytest.raises(EpochNotPlanned, match="epoch 1 of pipeline 'orders' is ABORTED"):
         stage(ledger, sinks, e1, "db", "t0")
     e2 = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
@@ -389,7 +388,7 @@ def test_decision_waits_for_every_expected_participant(
     with pytest.raises(ParticipantsMissing, match=r"2 of 3 expected participants .*db/t1, files/t0"):
         ledger.record_commit_decision(P, 1)
     with pytest.raises(ParticipantsMissing):
-        Coordinator(ledger, P, sinks).commit(number=1)
+        coordinator_for_tests(ledger, P, sinks).commit(number=1)
     assert ledger.epoch(P, 1).status is EpochStatus.PLANNED
     assert visible(sinks) == set()
     stage(ledger, sinks, e, "db", "t1")
@@ -409,16 +408,16 @@ def test_once_committing_abort_is_refused_and_commit_is_retried_until_it_succeed
     precommit_all(ledger, sinks, e)
     sinks["files"].fail_commits = 2
     with pytest.raises(SinkCallFailed, match="stays COMMITTING"):
-        Coordinator(ledger, P, sinks).commit(number=1)
+        coordinator_for_tests(ledger, P, sinks).commit(number=1)
     with pytest.raises(
         IllegalTransition, match=r"cannot abort epoch 1 of pipeline 'orders': it is COMMITTING"
     ):
-        Coordinator(ledger, P, sinks).abort(number=1, reason="operator")
+        coordinator_for_tests(ledger, P, sinks).abort(number=1, reason="operator")
     with pytest.raises(IllegalTransition, match="cannot finish committing"):
         ledger.complete_commit(P, 1)
     with pytest.raises(SinkCallFailed):
-        Coordinator(ledger, P, sinks).recover()
-    report = Coordinator(ledger, P, sinks).recover()
+        coordinator_for_tests(ledger, P, sinks).recover()
+    report = coordinator_for_tests(ledger, P, sinks).recover()
     assert (report.epoch, report.outcome, report.participants_committed) == (1, "committed", 1)
     assert ledger.epoch(P, 1).status is EpochStatus.COMMITTED
     assert visible(sinks) == {key_of(p.committable) for p in ledger.participants(P, 1)}
@@ -430,9 +429,9 @@ def test_committing_twice_has_the_effect_of_committing_once(
 ) -> None:
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
-    first = Coordinator(ledger, P, sinks).commit(number=1)
+    first = coordinator_for_tests(ledger, P, sinks).commit(number=1)
     before = (dict(sinks["db"].visible), len(sinks["db"].calls))
-    second = Coordinator(ledger, P, sinks).commit(number=1)
+    second = coordinator_for_tests(ledger, P, sinks).commit(number=1)
     assert first.status is second.status is EpochStatus.COMMITTED
     assert first.finished_at == second.finished_at
     assert (dict(sinks["db"].visible), len(sinks["db"].calls)) == before
@@ -445,7 +444,7 @@ def test_commit_needs_a_committer_for_every_sink_before_deciding(
     e = ledger.plan_epoch(P, ranges(0, 5), EXPECTED)
     precommit_all(ledger, sinks, e)
     with pytest.raises(MissingCommitter, match="no committer for sink"):
-        Coordinator(ledger, P, {"db": sinks["db"]}).commit(number=1)
+        coordinator_for_tests(ledger, P, {"db": sinks["db"]}).commit(number=1)
     assert ledger.epoch(P, 1).status is EpochStatus.PLANNED
 
 
@@ -460,9 +459,9 @@ def test_once_aborting_commit_is_refused_abort_is_idempotent_nothing_is_visible(
     ledger.precommit_slice(P, 1, e.attempt_token, [], [DeadLetter("in", 0, 3, b"k", b"{", "bad json")])
     ledger.record_abort_decision(P, 1, "operator")
     with pytest.raises(IllegalTransition, match=r"it is ABORTING .*operator.*commit is refused"):
-        Coordinator(ledger, P, sinks).commit(number=1)
-    first = Coordinator(ledger, P, sinks).abort(number=1, reason="operator again")
-    second = Coordinator(ledger, P, sinks).abort(number=1, reason="and again")
+        coordinator_for_tests(ledger, P, sinks).commit(number=1)
+    first = coordinator_for_tests(ledger, P, sinks).abort(number=1, reason="operator again")
+    second = coordinator_for_tests(ledger, P, sinks).abort(number=1, reason="and again")
     assert first.status is second.status is EpochStatus.ABORTED
     assert second.abort_reason == "operator"
     with pytest.raises(IllegalTransition, match="ABORTED"):
@@ -496,12 +495,12 @@ def test_position_advances_only_with_committed(ledger: Ledger, sinks: dict[str, 
     precommit_all(ledger, sinks, e1)
     ledger.record_commit_decision(P, 1)
     assert ledger.committed_offsets(P) == {}
-    Coordinator(ledger, P, sinks).commit(number=1)
+    coordinator_for_tests(ledger, P, sinks).commit(number=1)
     assert ledger.committed_offsets(P) == {("in", 0): 5, ("in", 1): 0}
 
     e2 = ledger.plan_epoch(P, ranges(5, 9), EXPECTED)
     precommit_all(ledger, sinks, e2)
-    Coordinator(ledger, P, sinks).abort(number=2, reason="failed")
+    coordinator_for_tests(ledger, P, sinks).abort(number=2, reason="failed")
     assert ledger.committed_offsets(P) == {("in", 0): 5, ("in", 1): 0}
 
 
@@ -516,7 +515,7 @@ def test_dead_letters_are_kept_once_and_listed_with_their_committed_epoch(
     assert ledger.precommit_slice(P, 1, e.attempt_token, [], letters).dead_letters_added == 2
     assert ledger.precommit_slice(P, 1, e.attempt_token, [], letters).dead_letters_added == 0  # a retry
     assert ledger.dead_letters(P) == []
-    Coordinator(ledger, P, sinks).commit(number=1)
+    coordinator_for_tests(ledger, P, sinks).commit(number=1)
     assert [d.letter for d in ledger.dead_letters(P)] == letters
 
 
@@ -530,12 +529,12 @@ def test_recover_aborts_an_undecided_epoch_and_sweeps_its_staging(
     stage(ledger, sinks, e, "db", "t0")
     # A task that staged and crashed before reporting to the ledger:
     sinks["files"].stage(Committable(P, 1, 0, "t0", "crashed", "files"))
-    report = Coordinator(ledger, P, sinks).recover()
+    report = coordinator_for_tests(ledger, P, sinks).recover()
     assert (report.epoch, report.outcome, report.participants_aborted) == (1, "aborted", 1)
     assert [(c.sink, c.attempt) for c in report.orphans_aborted] == [("files", "crashed")]
     assert ledger.open_epoch(P) is None
     assert all(not s.staged and not s.visible for s in sinks.values())
-    assert Coordinator(ledger, P, sinks).recover().outcome == "nothing in flight"
+    assert coordinator_for_tests(ledger, P, sinks).recover().outcome == "nothing in flight"
 
 
 def test_recover_finishes_an_abort_that_crashed_half_way(
@@ -547,7 +546,7 @@ def test_recover_finishes_an_abort_that_crashed_half_way(
     ledger.record_abort_decision(P, 1, "crash follows")
     sinks["db"].abort([c.committable for c in ledger.participants(P, 1) if c.sink == "db"])
     ledger.mark_aborted(P, 1, "db")
-    report = Coordinator(ledger, P, sinks).recover()
+    report = coordinator_for_tests(ledger, P, sinks).recover()
     assert (report.outcome, report.participants_aborted) == ("aborted", 1)
     assert ledger.epoch(P, 1).status is EpochStatus.ABORTED
     assert all(not s.staged for s in sinks.values())
@@ -563,7 +562,7 @@ def test_sweeper_rolls_back_what_the_ledger_does_not_own_and_keeps_work_in_fligh
     precommit_all(ledger, sinks, e1)
     loser = Committable(P, 1, 0, "t0", "speculative", "db")
     sinks["db"].stage(loser)
-    Coordinator(ledger, P, sinks).commit(number=1)
+    coordinator_for_tests(ledger, P, sinks).commit(number=1)
     e2 = ledger.plan_epoch(P, ranges(5, 9), EXPECTED)
     in_flight = Committable(P, 2, 0, "t1", "a0", "db")  # staged, about to pre-commit
     unexpected = Committable(P, 2, 0, "t7", "a0", "db")
@@ -580,7 +579,7 @@ def test_sweeper_rolls_back_what_the_ledger_does_not_own_and_keeps_work_in_fligh
         classify_orphan(winner[("db", "t0")].committable, ledger.epoch(P, 1), winner[("db", "t0")])
         == "commit"
     )
-    report2 = Coordinator(ledger, P, sinks).recover()
+    report2 = coordinator_for_tests(ledger, P, sinks).recover()
     assert report2.outcome == "aborted"
     aborted = {key_of(c) for c in report2.orphans_aborted}
     assert aborted == {key_of(loser), key_of(in_flight), key_of(unexpected), key_of(unknown)}
@@ -607,7 +606,7 @@ def test_classify_keeps_the_winner_of_a_decided_epoch_and_drops_losers(
 def test_find_by_interval_and_epoch_listing(ledger: Ledger, sinks: dict[str, RecordingCommitter]) -> None:
     day = (datetime(2024, 5, 1, tzinfo=UTC), datetime(2024, 5, 2, tzinfo=UTC))
     e = ledger.plan_epoch(P, ranges(0, 5), [], run_id="scheduled__2024-05-01", data_interval=day)
-    Coordinator(ledger, P, sinks).commit(number=e.number)
+    coordinator_for_tests(ledger, P, sinks).commit(number=e.number)
     ledger.plan_epoch(P, ranges(5, 6), [])
     found = ledger.find_by_interval(P, *day)
     assert [(x.number, x.status, x.run_id) for x in found] == [

@@ -21,10 +21,9 @@ from onceflow.ledger import DeadLetter, EpochStatus, Ledger, OffsetGap
 from onceflow.ledger.records import Epoch
 from onceflow.ledger.retention import RetentionPolicy
 from onceflow.offsets import OffsetRange
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.protocol.retaining import retention_interval
 from onceflow.sinks.base import Committable
-from onceflow.testing import RecordingCommitter
+from onceflow.testing import RecordingCommitter, coordinator_for_tests
 
 P = "clicks"
 TASKS = [("db", "t0"), ("db", "t1")]
@@ -44,7 +43,7 @@ class History:
         self.ledger = ledger
         self.pipeline = pipeline
         self.committer = RecordingCommitter(require_staged=False)
-        self.coordinator = Coordinator(ledger, pipeline, {"db": self.committer})
+        self.coordinator = coordinator_for_tests(ledger, pipeline, {"db": self.committer})
 
     def ranges(self, partitions: Sequence[tuple[str, int]], span: int) -> list[OffsetRange]:
         at = self.ledger.committed_offsets(self.pipeline)
@@ -286,7 +285,7 @@ def settings(tmp_path: Path, ledger: Ledger, **values: object) -> Settings:
 def test_every_commit_applies_the_configured_retention(ledger: Ledger, tmp_path: Path) -> None:
     h = History(ledger)
     lines: list[str] = []
-    h.coordinator = Coordinator(
+    h.coordinator = coordinator_for_tests(
         ledger,
         P,
         {"db": h.committer},
@@ -301,7 +300,7 @@ def test_every_commit_applies_the_configured_retention(ledger: Ledger, tmp_path:
 def test_commits_retain_every_tenth_of_the_kept_epochs(ledger: Ledger, tmp_path: Path) -> None:
     assert retention_interval(1000) == 100
     h = History(ledger)
-    h.coordinator = Coordinator(
+    h.coordinator = coordinator_for_tests(
         ledger, P, {"db": h.committer}, settings=settings(tmp_path, ledger, ONCEFLOW_RETAIN_EPOCHS=20)
     )
     assert retention_interval(20) == 2
@@ -313,7 +312,7 @@ def test_commits_retain_every_tenth_of_the_kept_epochs(ledger: Ledger, tmp_path:
 
 def test_retention_off_keeps_everything(ledger: Ledger, tmp_path: Path) -> None:
     h = History(ledger)
-    h.coordinator = Coordinator(
+    h.coordinator = coordinator_for_tests(
         ledger, P, {"db": h.committer}, settings=settings(tmp_path, ledger, ONCEFLOW_RETAIN_EPOCHS=0)
     )
     h.run(4)
@@ -368,7 +367,7 @@ def test_a_failing_retention_never_fails_the_commit(
 
     lines: list[str] = []
     h = History(ledger)
-    h.coordinator = Coordinator(
+    h.coordinator = coordinator_for_tests(
         ledger,
         P,
         {"db": h.committer},

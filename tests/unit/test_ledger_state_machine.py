@@ -38,9 +38,8 @@ from onceflow.ledger import (
     UnexpectedParticipant,
 )
 from onceflow.offsets import OffsetRange
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.base import Committable
-from onceflow.testing import RecordingCommitter, key_of
+from onceflow.testing import RecordingCommitter, coordinator_for_tests, key_of
 
 TOPIC = "in"
 PARTITIONS = (0, 1)
@@ -213,10 +212,10 @@ class LedgerMachine(RuleBasedStateMachine):
         assert e is not None
         if e.status in ("ABORTING", "ABORTED"):
             with pytest.raises(IllegalTransition):
-                Coordinator(self.ledger, self.p, self.sinks).commit(number=e.number)
+                coordinator_for_tests(self.ledger, self.p, self.sinks).commit(number=e.number)
         elif e.status == "PLANNED" and not self.ready(e):
             with pytest.raises(ParticipantsMissing):
-                Coordinator(self.ledger, self.p, self.sinks).commit(number=e.number)
+                coordinator_for_tests(self.ledger, self.p, self.sinks).commit(number=e.number)
         elif crash_after_first_sink and e.status != "COMMITTED":
             # The coordinator dies after deciding and committing one sink's output, before marking it.
             self.ledger.record_commit_decision(self.p, e.number)
@@ -226,7 +225,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.sinks[first].commit(parts)
         else:
             assert (
-                Coordinator(self.ledger, self.p, self.sinks).commit(number=e.number).status
+                coordinator_for_tests(self.ledger, self.p, self.sinks).commit(number=e.number).status
                 is EpochStatus.COMMITTED
             )
             self.apply_commit_outcome(e)
@@ -238,7 +237,9 @@ class LedgerMachine(RuleBasedStateMachine):
         assert e is not None
         if e.status in ("COMMITTING", "COMMITTED"):
             with pytest.raises(IllegalTransition):
-                Coordinator(self.ledger, self.p, self.sinks).abort(number=e.number, reason="random abort")
+                coordinator_for_tests(self.ledger, self.p, self.sinks).abort(
+                    number=e.number, reason="random abort"
+                )
             with pytest.raises(IllegalTransition):
                 self.ledger.record_abort_decision(self.p, e.number, "random abort")
         elif crash_before_rollback and e.status != "ABORTED":
@@ -246,7 +247,9 @@ class LedgerMachine(RuleBasedStateMachine):
             e.status = "ABORTING"
         else:
             assert (
-                Coordinator(self.ledger, self.p, self.sinks).abort(number=e.number, reason="random").status
+                coordinator_for_tests(self.ledger, self.p, self.sinks)
+                .abort(number=e.number, reason="random")
+                .status
                 is EpochStatus.ABORTED
             )
             e.status = "ABORTED"
@@ -261,7 +264,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def recover(self) -> None:
         e = self.open
-        report = Coordinator(self.ledger, self.p, self.sinks).recover()
+        report = coordinator_for_tests(self.ledger, self.p, self.sinks).recover()
         if e is None:
             assert report.epoch is None
         elif e.status == "COMMITTING":

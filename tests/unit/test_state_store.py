@@ -13,9 +13,9 @@ from onceflow.config import Settings
 from onceflow.ledger import Epoch, Ledger
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import STATE_SINK, JsonFormat, KafkaSource, Pipeline, SinkSpec, StateSpec
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks.files import FilesCommitter, FilesWriter
 from onceflow.state.store import committed_state_files, state_sink
+from onceflow.testing import coordinator_for_tests
 
 P = "counts"
 
@@ -46,7 +46,7 @@ def test_state_advances_only_with_committed(tmp_path: Path) -> None:
     assert sink is not None
     with Ledger.connect(f"sqlite:///{tmp_path / 'ledger.db'}", check=False) as ledger:
         ledger.upgrade()
-        coordinator = Coordinator(ledger, P, {STATE_SINK: FilesCommitter(sink.config)})
+        coordinator = coordinator_for_tests(ledger, P, {STATE_SINK: FilesCommitter(sink.config)})
 
         e1 = ledger.plan_epoch(P, [OffsetRange("in", 0, 0, 2)], [(STATE_SINK, "s0-t0")])
         stage_state(ledger, sink, e1, [{"k": "a", "count": 2}])

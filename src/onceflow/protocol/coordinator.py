@@ -21,8 +21,9 @@ the next one, so running any of them again after a crash anywhere picks up where
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
 
 from onceflow.committables import Committable
@@ -71,6 +72,19 @@ from onceflow.sinks.base import SinkCommitter
 from onceflow.sources.kafka_planning import EpochPlan, SlicePlan
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """Where a commit or an abort leads: the final status, and how an epoch already there is shown."""
+
+    verb: str
+    status: EpochStatus
+    done: Callable[[Epoch], str]
+
+
+_COMMITTED = _Outcome("commit", EpochStatus.COMMITTED, lambda e: f"committed (at {e.finished_at})")
+_ABORTED = _Outcome("abort", EpochStatus.ABORTED, lambda e: f"aborted (reason: {e.abort_reason})")
+
+
 class EpochOwned(IllegalTransition):
     """Another live runner owns the pipeline's epoch in flight; epochs run one at a time."""
 
@@ -78,9 +92,11 @@ class EpochOwned(IllegalTransition):
 class Coordinator:
     """The protocol for one pipeline, over a ledger, the pipeline's committers and its Kafka source.
 
-    Build it with `for_pipeline` from a spec and settings (what every door does), or from a ledger and
-    committers alone to drive epochs that something else planned (tests, tools). ``log`` receives one
-    line per thing done, for a task log or a terminal.
+    Build it with `for_pipeline` from a spec and settings (what every door does), or from a ledger,
+    settings and committers alone to drive epochs that something else planned (the CLI's manual steps,
+    tests, tools; `onceflow.testing.coordinator_for_tests`). It always has the deployment's settings: the
+    lease, retention and Kafka follow them. ``log`` receives one line per thing done, for a task log or a
+    terminal.
     """
 
     def __init__(
@@ -89,8 +105,8 @@ class Coordinator:
         pipeline: str,
         committers: Mapping[str, SinkCommitter] | None = None,
         *,
+        settings: Settings,
         spec: Pipeline | None = None,
-        settings: Settings | None = None,
         log: Log = quiet,
     ) -> None:
         if spec is not None and spec.name != pipeline:
@@ -116,21 +132,17 @@ class Coordinator:
         if self._committers is None:
             if self.spec is None:
                 raise MissingCommitter(f"pipeline {self.pipeline!r}: no committers and no spec to build them")
-            self._committers = committers_for(*self._need_spec("commit or abort"))
+            self._committers = committers_for(self._need_spec("commit or abort"), self.settings)
         return self._committers
 
     @property
     def _at_most_once(self) -> bool:
         return self.spec is not None and self.spec.commits_before_processing
 
-    def _need_spec(self, step: str) -> tuple[Pipeline, Settings]:
-        if self.spec is None or self.settings is None:
-            raise ConfigError(f"{step} of pipeline {self.pipeline!r} needs its spec and settings")
-        return self.spec, self.settings
-
-    def _lease_s(self) -> float:
-        """The owner's lease: the settings', or the default one for a coordinator built without them."""
-        return Settings.lease_s if self.settings is None else self.settings.lease_s
+    def _need_spec(self, step: str) -> Pipeline:
+        if self.spec is None:
+            raise ConfigError(f"{step} of pipeline {self.pipeline!r} needs its spec")
+        return self.spec
 
     def _require(self, sinks: Sequence[str], epoch: Epoch) -> None:
         missing = [sink for sink in sinks if sink not in self.committers]
@@ -157,15 +169,13 @@ class Coordinator:
             raise ValueError("name the epoch or the run that planned it")
         return self.ledger.epoch_of_run(self.pipeline, run_id)
 
-    def _find(self, verb: str, number: int | None, run_id: str | None) -> Epoch | None:
-        """The epoch a commit or abort acts on; says so when there is none, or it is already done."""
+    def _find(self, outcome: _Outcome, number: int | None, run_id: str | None) -> Epoch | None:
+        """The epoch a commit or abort acts on; says so when there is none, or it already has ``outcome``."""
         epoch = self.target(number=number, run_id=run_id)
         if epoch is None:
-            self.log(f"run {run_id} planned no epoch of {self.pipeline!r}: nothing to {verb}")
-        elif verb == "commit" and epoch.status is EpochStatus.COMMITTED:
-            self.log(f"{epoch} is already committed (at {epoch.finished_at}): nothing changed")
-        elif verb == "abort" and epoch.status is EpochStatus.ABORTED:
-            self.log(f"{epoch} is already aborted (reason: {epoch.abort_reason}): nothing changed")
+            self.log(f"run {run_id} planned no epoch of {self.pipeline!r}: nothing to {outcome.verb}")
+        elif epoch.status is outcome.status:
+            self.log(f"{epoch} is already {outcome.done(epoch)}: nothing changed")
         return epoch
 
     # ------------------------------------------------------------------------------------- plan
@@ -178,7 +188,16 @@ class Coordinator:
     ) -> tuple[EpochPlan, tuple[SlicePlan, ...]]:
         """The ranges and slices the next epoch would get, after the same checks as `plan`; the ledger
         is not written."""
-        spec, settings = self._need_spec("preview")
+        return self._next_plan(self._need_spec("preview"), data_interval, max_records_per_partition)
+
+    def _next_plan(
+        self,
+        spec: Pipeline,
+        data_interval: tuple[datetime, datetime] | None,
+        max_records_per_partition: int | None,
+    ) -> tuple[EpochPlan, tuple[SlicePlan, ...]]:
+        """Steps 2 and 3 of `plan`, which `preview` shares: the next ranges, their slices, the checks."""
+        settings = self.settings
         plan = next_ranges(
             spec,
             self.ledger,
@@ -203,15 +222,15 @@ class Coordinator:
 
         1. Ask the ledger about this run's own epoch, its data interval and the epoch in flight, and
            decide (`decisions.decide_plan`): reuse, replace, nothing to do, wait for a live owner, or plan.
-        2. Preview: print the ranges the epoch would read; the ledger is not touched (a dry run).
-        3. Read the committed positions and Kafka's offsets, and bound the ranges by the data interval.
-        4. Check the spec against its sinks for the epoch's tasks (guarantee, transform importable, sink
+        2. Read the committed positions and Kafka's offsets, and bound the ranges by the data interval.
+        3. Check the spec against its sinks for the epoch's tasks (guarantee, transform importable, sink
            kinds' plan-time checks such as PostgreSQL's room for prepared transactions).
+        4. A preview stops here: it prints the ranges the epoch would read; the ledger is not touched.
         5. Record the ranges, the participants and the owner's lease in the ledger: from here on the
            epoch is durable (like Spark's offset log, before anything runs). An at-most-once epoch is
            committed right away (its position moves before processing).
         """
-        spec, _ = self._need_spec("plan")
+        spec = self._need_spec("plan")
         owner = owner or owner_of_this_process(run_id)
         # 1.
         interval_done = None
@@ -240,11 +259,10 @@ class Coordinator:
             return plan_result(spec, status, decision.epoch, [decision.line])
         if decision.action == "wait":
             raise EpochOwned(decision.line)
-        # 2.
+        # 2. and 3.
+        epoch_plan, slices = self._next_plan(spec, data_interval, max_records_per_partition)
+        # 4.
         if preview:
-            epoch_plan, slices = self.preview(
-                data_interval=data_interval, max_records_per_partition=max_records_per_partition
-            )
             lines = [
                 f"preview (dry run) of {spec.name!r}: the next epoch would read {epoch_plan.span} offsets "
                 f"in {len(epoch_plan.ranges)} partitions (nothing was written to the ledger)",
@@ -253,10 +271,6 @@ class Coordinator:
             for line in lines:
                 self.log(line)
             return PlanResult("preview", spec.name, lines=tuple(lines))
-        # 3. and 4.
-        epoch_plan, slices = self.preview(
-            data_interval=data_interval, max_records_per_partition=max_records_per_partition
-        )
         # 5.
         epoch = self._record(epoch_plan, slices, run_id, owner, data_interval, None)
         lines = planned_lines(epoch, epoch_plan, slices, owner, data_interval)
@@ -273,7 +287,7 @@ class Coordinator:
         data_interval: tuple[datetime, datetime] | None,
         replaces: int | None,
     ) -> Epoch:
-        spec, _ = self._need_spec("plan")
+        spec = self._need_spec("plan")
         epoch = self.ledger.plan_epoch(
             spec.name,
             epoch_plan.ranges,
@@ -282,7 +296,7 @@ class Coordinator:
             data_interval=data_interval,
             replaces=replaces,
             owner=owner,
-            lease_s=self._lease_s(),
+            lease_s=self.settings.lease_s,
         )
         if spec.commits_before_processing:
             epoch = self.commit(number=epoch.number) or epoch  # at_most_once: the position moves now
@@ -291,7 +305,7 @@ class Coordinator:
 
     def _plan_replacement(self, done: Epoch, run_id: str, owner: str) -> PlanResult:
         """on_rerun="replace": plan the interval's ranges again; its output will replace ``done``'s."""
-        spec, _ = self._need_spec("plan")
+        spec = self._need_spec("plan")
         assert done.data_interval_start is not None and done.data_interval_end is not None
         interval = (done.data_interval_start, done.data_interval_end)
         epoch_plan = EpochPlan(done.ranges)
@@ -336,8 +350,7 @@ class Coordinator:
         return SliceGate("skip", refusal, epoch)
 
     def replaced_epochs(self, epoch: Epoch) -> tuple[int, ...]:
-        spec, _ = self._need_spec("process")
-        return replaced_epochs(spec, self.ledger, epoch)
+        return replaced_epochs(self._need_spec("process"), self.ledger, epoch)
 
     def precommit_slice(
         self,
@@ -383,12 +396,12 @@ class Coordinator:
 
     def renew_lease(self, number: int) -> bool:
         """Keep the owner's lease on an epoch in flight; False once the epoch is final."""
-        return self.ledger.renew_lease(self.pipeline, number, self._lease_s())
+        return self.ledger.renew_lease(self.pipeline, number, self.settings.lease_s)
 
     def renewing_lease(self, number: int) -> AbstractContextManager[None]:
         """`renew_lease` in the background while the block runs (a runner's heartbeat)."""
         return renewing(
-            lambda: self.renew_lease(number), self._lease_s() / 3, self.log, f"lease of epoch {number}"
+            lambda: self.renew_lease(number), self.settings.lease_s / 3, self.log, f"lease of epoch {number}"
         )
 
     # ----------------------------------------------------------------------------------- commit
@@ -405,7 +418,7 @@ class Coordinator:
            position, retain.
         """
         # 1.
-        epoch = self._find("commit", number, run_id)
+        epoch = self._find(_COMMITTED, number, run_id)
         if epoch is None or epoch.status is EpochStatus.COMMITTED:
             return epoch
         refusal = commit_refusal(epoch)
@@ -449,12 +462,11 @@ class Coordinator:
         # 5.
         done = self.ledger.complete_commit(self.pipeline, epoch.number)
         self.log(f"{done}: every participant committed")
-        if self.settings is not None:  # a coordinator without settings has no Kafka nor policy to use
-            # 6.
-            if self.spec is not None:
-                publish_position(self.ledger, self.spec, self.settings, self.log)
-            # 7.
-            retain_after_commit(self.ledger, self.pipeline, done.number, self.settings, self.log)
+        # 6. (a coordinator without the spec does not know the pipeline's topics)
+        if self.spec is not None:
+            publish_position(self.ledger, self.spec, self.settings, self.log)
+        # 7.
+        retain_after_commit(self.ledger, self.pipeline, done.number, self.settings, self.log)
         return done, committed
 
     # ------------------------------------------------------------------------------------ abort
@@ -468,7 +480,7 @@ class Coordinator:
         3.-5. Finish the abort (`_finish_abort`): decide, roll back every participant, complete.
         """
         # 1.
-        epoch = self._find("abort", number, run_id)
+        epoch = self._find(_ABORTED, number, run_id)
         if epoch is None or epoch.status is EpochStatus.ABORTED:
             return epoch
         if self._at_most_once and epoch.status is EpochStatus.COMMITTED:
@@ -565,8 +577,6 @@ class Coordinator:
         self, *, keep_epochs: int | None = None, dead_letter_days: float | None = None
     ) -> RetentionResult:
         """Delete the pipeline's ledger history that no step can still need (`retaining.retain`)."""
-        if self.settings is None:
-            raise ConfigError(f"retention of pipeline {self.pipeline!r} needs the deployment's settings")
         return retain(
             self.ledger,
             self.pipeline,

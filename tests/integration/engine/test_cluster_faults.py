@@ -28,8 +28,8 @@ from onceflow.engine.connect import forget_session
 from onceflow.engine.runner import ProcessFailed, run_epoch
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import load_pipeline
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.protocol.planning import committers_for
+from onceflow.testing import coordinator_for_tests
 from tests.integration.engine.data import delivered_ids, orders, prepared_count, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -78,7 +78,7 @@ def _nothing_left(stack: dict[str, str], pg_connect, pipeline: str) -> None:  # 
     assert prepared_count(pg_connect, pipeline) == 0
     with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
         spec = load_pipeline(SLOW)
-        report = Coordinator(ledger, spec.name, committers_for(spec, Settings.from_env())).recover()
+        report = coordinator_for_tests(ledger, spec.name, committers_for(spec, Settings.from_env())).recover()
     assert report.orphans_aborted == ()
     assert list(Path(stack["ONCEFLOW_TEST_FILES"]).glob("_staging/**/*.parquet")) == []
 

@@ -30,9 +30,9 @@ from onceflow.engine.runner import run_epoch
 from onceflow.faults import PAUSE_AT_ENV, PAUSE_DIR_ENV
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import load_pipeline
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.protocol.planning import committers_for
 from onceflow.sinks.postgres_2pc import GidParts, parse_gid
+from onceflow.testing import coordinator_for_tests
 from tests.integration.engine.data import delivered_ids, orders, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -143,7 +143,7 @@ def test_two_attempts_of_a_speculated_task_precommit_and_exactly_one_wins(
     # Exactly one won: the ledger registered the copy's attempt, and every good record is there once.
     with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
         registered = {p.attempt for p in ledger.participants(spec.name, outcome.epoch.number)}
-        report = Coordinator(ledger, spec.name, committers_for(spec, Settings.from_env())).recover()
+        report = coordinator_for_tests(ledger, spec.name, committers_for(spec, Settings.from_env())).recover()
     assert _attempt(copy) in registered and _attempt(slow) not in registered
     expected = sorted(o["id"] for o in data if o["amount"] > 0)
     assert delivered_ids(pg_connect, stack) == (expected, expected)

@@ -13,9 +13,9 @@ from onceflow.engine.runner import run_epoch
 from onceflow.faults import CRASH_AT_ENV, CRASH_STATE_ENV, crashed
 from onceflow.ledger import EpochStatus, Ledger
 from onceflow.pipeline import load_pipeline
-from onceflow.protocol.coordinator import Coordinator
 from onceflow.protocol.planning import committers_for
 from onceflow.sinks.files import read_committed_table
+from onceflow.testing import coordinator_for_tests
 from tests.integration.engine.data import ORDERS, orders, pg_ids, prepared_count, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -44,7 +44,7 @@ def test_a_spark_task_killed_after_its_pre_commit_is_retried_and_the_driver_roll
     spec = load_pipeline(ORDERS)
     assert prepared_count(pg_connect, spec.name) == 0
     ledger = Ledger.connect(stack["ONCEFLOW_LEDGER_URL"])
-    report = Coordinator(ledger, spec.name, committers_for(spec, Settings.from_env())).recover()
+    report = coordinator_for_tests(ledger, spec.name, committers_for(spec, Settings.from_env())).recover()
     ledger.close()
     assert report.orphans_aborted == ()
     assert pg_ids(pg_connect, stack["ONCEFLOW_TEST_TABLE"]) == expected
