@@ -19,7 +19,7 @@ from typing import Any
 from examples.pageviews_iceberg.pipeline import PAGEVIEWS_ICEBERG, PER_MINUTE
 from onceflow.config import Settings
 from onceflow.sinks import iceberg
-from onceflow.sinks._iceberg_spark import spark_conf
+from onceflow.sinks.iceberg.spark import spark_conf
 
 REPO = Path(__file__).resolve().parents[2]
 

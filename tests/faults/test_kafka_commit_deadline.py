@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from onceflow.config import Settings
-from onceflow.sinks.kafka import TIMEOUT_MARGIN_S, KafkaCommitter, KafkaUnreachable
+from onceflow.sinks._kafka_deadline import TIMEOUT_MARGIN_S
+from onceflow.sinks.kafka import KafkaCommitter, KafkaUnreachable
 from tests.faults.test_restarts import INFRA
 from tests.integration.test_sink_kafka import group_offsets, published, stage_epoch
 

@@ -3,7 +3,7 @@
     python -m tests.integration.iceberg_spark_sql CATALOG_PROPERTIES_JSON "SELECT ..." ["SELECT ..."]
 
 Spark reads the tables of pyiceberg's SQL catalog through Iceberg's own JdbcCatalog
-(`onceflow.sinks._iceberg_spark`), with the Iceberg Spark runtime from Maven Central
+(`onceflow.sinks.iceberg.spark`), with the Iceberg Spark runtime from Maven Central
 (`infra/iceberg.sh path`), as catalog ``onceflow``. Its own process, so that no Spark Connect setting of
 the caller applies. Each query's rows are printed after a line ``-- query N``.
 """
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from onceflow.sinks._iceberg_spark import spark_conf
+from onceflow.sinks.iceberg.spark import spark_conf
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -26,8 +26,8 @@ from onceflow.cli.topics import wait_for_leaders
 from onceflow.config import Settings
 from onceflow.errors import OnceflowError
 from onceflow.ledger import Ledger
-from onceflow.sinks._iceberg_spark import spark_conf
 from onceflow.sinks.iceberg import IcebergConfig
+from onceflow.sinks.iceberg.spark import spark_conf
 from tests.integration.engine.data import orders, produce
 
 pytestmark = pytest.mark.integration

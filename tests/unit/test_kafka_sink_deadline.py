@@ -14,13 +14,14 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from onceflow.offsets import OffsetRange
-from onceflow.sinks import kafka
+from onceflow.sinks import _kafka_deadline as deadline
+from onceflow.sinks._kafka_deadline import within
 from onceflow.sinks.base import Committable
-from onceflow.sinks.kafka import KafkaCommitter, KafkaUnreachable, encode_record, within
+from onceflow.sinks.kafka import KafkaCommitter, KafkaUnreachable, encode_record
 
 
 def test_a_call_blocking_past_its_timeout_is_given_up_at_the_deadline(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(kafka, "TIMEOUT_MARGIN_S", 0.2)
+    monkeypatch.setattr(deadline, "TIMEOUT_MARGIN_S", 0.2)
     release = threading.Event()
     started = time.monotonic()
     with pytest.raises(KafkaUnreachable) as failure:
@@ -59,7 +60,7 @@ def _eventually(check: Callable[[], bool], seconds: float = 5.0) -> bool:
 
 
 def test_done_runs_once_after_the_call_in_time_or_once_an_abandoned_call_returns(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(kafka, "TIMEOUT_MARGIN_S", 0.1)
+    monkeypatch.setattr(deadline, "TIMEOUT_MARGIN_S", 0.1)
     finished: list[str] = []
     assert within("init_transactions", "b:9092", 1, lambda: 7, done=lambda: finished.append("quick")) == 7
     assert finished == ["quick"]
@@ -106,7 +107,7 @@ def committer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KafkaCommitter
 
     FakeProducer.made, FakeProducer.unblock = [], None
     monkeypatch.setattr(confluent_kafka, "Producer", FakeProducer)
-    monkeypatch.setattr(kafka, "TIMEOUT_MARGIN_S", 0.1)
+    monkeypatch.setattr(deadline, "TIMEOUT_MARGIN_S", 0.1)
     staged = tmp_path / "records.bin"
     staged.write_bytes(encode_record({"key": "k", "value": "v"}))
     done = KafkaCommitter(

@@ -216,7 +216,7 @@ def test_without_columns_the_table_takes_the_decoded_rows_or_the_first_rows(conf
 
 
 def test_spark_reads_the_sql_catalog_through_iceberg_jdbc_catalog() -> None:
-    from onceflow.sinks._iceberg_spark import spark_conf
+    from onceflow.sinks.iceberg.spark import spark_conf
 
     sqlite = spark_conf("onceflow", {"type": "sql", "uri": "sqlite:////srv/home/iceberg/catalog.db"}, "a.jar")
     assert sqlite["spark.sql.catalog.onceflow.uri"] == "jdbc:sqlite:/srv/home/iceberg/catalog.db"

@@ -1,7 +1,7 @@
 """Apache Iceberg sink: data files staged per task attempt, one snapshot per epoch, readable by any engine.
 
 * The **writer** (in a Spark task) writes Parquet data files for its attempt under the table's data
-  location (see `_iceberg_files` for the layout), split by the table's partition spec, and returns a
+  location (see `files` for the layout), split by the table's partition spec, and returns a
   committable listing each file with its Iceberg metadata: record count, size, column statistics and
   partition values. Nothing is visible: no snapshot references the files yet.
 * The **committer** appends every participant's files of an epoch in **one** snapshot (one atomic
@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow import redact
 from onceflow.errors import ConfigError
-from onceflow.sinks import _iceberg_files as files
-from onceflow.sinks import _iceberg_table as tables
 from onceflow.sinks._config import ConfigReader, deployment_default
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import AlreadyCommitted, RowError, StagedOutputLost, WriterStateError
+from onceflow.sinks.iceberg import files
+from onceflow.sinks.iceberg import table as tables
 from onceflow.sinks.registry import SinkKind, SinkSetting
 
 if TYPE_CHECKING:
