@@ -1,14 +1,15 @@
-"""A page of a pipeline's committed dead letters, filtered, counted and paged in the database.
+"""A pipeline's dead letters in the ledger: kept with a slice's pre-commits, read back whole, and paged.
 
-A list shows each letter's position, reason and the previews of its key and value; it reads only a
-prefix of each payload (enough for the preview) and its size, never the whole payload, and only the
-rows of the page. Filters: the epoch, the reason's code (the text before its first ``:``) and a text
-searched (case-insensitively for ASCII) in the position ``topic[partition]@offset``, the reason and the
-start of the value.
+A page lists committed dead letters, filtered, counted and paged in the database. It shows each letter's
+position, reason and the previews of its key and value; it reads only a prefix of each payload (enough
+for the preview) and its size, never the whole payload, and only the rows of the page. Filters: the
+epoch, the reason's code (the text before its first ``:``) and a text searched (case-insensitively for
+ASCII) in the position ``topic[partition]@offset``, the reason and the start of the value.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 from sqlalchemy import String, and_, case, cast, func, or_, select
 from sqlalchemy.orm import Session
 
-from onceflow.ledger.models import DeadLetterRow, EpochRow, EpochStatus
+from onceflow.decoding.records import DeadLetter
+from onceflow.ledger.models import DeadLetterRow, EpochRow, EpochStatus, utcnow
+from onceflow.ledger.records import StoredDeadLetter
 
 # Bytes of a key or value read for its preview: 4 per character of `dead_letters.PREVIEW_CHARS` (60),
 # plus one character, so that a prefix cut inside a character still shows every previewed character.
@@ -50,6 +53,74 @@ class DeadLetterPage:
     letters: list[DeadLetterSummary]
     total: int
     codes: list[str]
+
+
+def add(s: Session, pipeline: str, number: int, letters: Sequence[DeadLetter]) -> int:
+    """Keep records that failed to decode or transform, skipping those kept already (a retried slice).
+    They are listed only once the epoch commits: an aborted epoch is replayed and reports them again."""
+    if not letters:
+        return 0
+    have = {
+        (t, p, o)
+        for t, p, o in s.execute(
+            select(DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset).where(
+                DeadLetterRow.pipeline == pipeline, DeadLetterRow.epoch == number
+            )
+        ).all()
+    }
+    now = utcnow()
+    added = 0
+    for d in letters:
+        if (d.topic, d.partition, d.offset) in have:
+            continue
+        have.add((d.topic, d.partition, d.offset))
+        s.add(
+            DeadLetterRow(
+                pipeline=pipeline,
+                epoch=number,
+                topic=d.topic,
+                partition=d.partition,
+                offset=d.offset,
+                key=d.key,
+                reason=d.reason,
+                value=d.value,
+                key_size=d.key_size,
+                value_size=d.value_size,
+                created_at=now,
+            )
+        )
+        added += 1
+    return added
+
+
+def stored(
+    s: Session, pipeline: str, *, epoch: int | None = None, include_uncommitted: bool = False
+) -> list[StoredDeadLetter]:
+    """Whole dead letters with their payloads, in position order; committed epochs' only unless asked."""
+    stmt = (
+        select(DeadLetterRow)
+        .join(
+            EpochRow,
+            (EpochRow.pipeline == DeadLetterRow.pipeline) & (EpochRow.epoch == DeadLetterRow.epoch),
+        )
+        .where(DeadLetterRow.pipeline == pipeline)
+        .order_by(DeadLetterRow.epoch, DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset)
+    )
+    if epoch is not None:
+        stmt = stmt.where(DeadLetterRow.epoch == epoch)
+    if not include_uncommitted:
+        stmt = stmt.where(EpochRow.status == EpochStatus.COMMITTED.value)
+    return [
+        StoredDeadLetter(
+            pipeline=r.pipeline,
+            epoch=r.epoch,
+            letter=DeadLetter(
+                r.topic, r.partition, r.offset, r.key, r.value, r.reason, r.key_size, r.value_size
+            ),
+            created_at=r.created_at,
+        )
+        for r in s.scalars(stmt).all()
+    ]
 
 
 def _code(dialect: str) -> Any:

@@ -44,7 +44,6 @@ from onceflow.ledger.errors import (
 )
 from onceflow.ledger.models import (
     OPEN_STATUSES,
-    DeadLetterRow,
     EpochOffsetRow,
     EpochRow,
     EpochStatus,
@@ -534,7 +533,7 @@ class Ledger:
                         s.add(new)
                         existing[(c.sink, c.task)] = new
                         accepted.append(self._to_participant(new))
-                    added = self._add_dead_letters(s, pipeline, number, dead_letters)
+                    added = dead_letter_pages.add(s, pipeline, number, dead_letters)
                     s.flush()
                     return Registration(tuple(accepted), tuple(lost), added)
             except IntegrityError:
@@ -693,74 +692,11 @@ class Ledger:
 
     # ---------------------------------------------------------------------------------- dead letters
 
-    @staticmethod
-    def _add_dead_letters(s: Session, pipeline: str, number: int, letters: Sequence[DeadLetter]) -> int:
-        """Keep records that failed to decode or transform, skipping those kept already (a retried slice).
-        They are listed only once the epoch commits: an aborted epoch is replayed and reports them again."""
-        if not letters:
-            return 0
-        have = {
-            (t, p, o)
-            for t, p, o in s.execute(
-                select(DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset).where(
-                    DeadLetterRow.pipeline == pipeline, DeadLetterRow.epoch == number
-                )
-            ).all()
-        }
-        now = utcnow()
-        added = 0
-        for d in letters:
-            if (d.topic, d.partition, d.offset) in have:
-                continue
-            have.add((d.topic, d.partition, d.offset))
-            s.add(
-                DeadLetterRow(
-                    pipeline=pipeline,
-                    epoch=number,
-                    topic=d.topic,
-                    partition=d.partition,
-                    offset=d.offset,
-                    key=d.key,
-                    reason=d.reason,
-                    value=d.value,
-                    key_size=d.key_size,
-                    value_size=d.value_size,
-                    created_at=now,
-                )
-            )
-            added += 1
-        return added
-
     def dead_letters(
         self, pipeline: str, *, epoch: int | None = None, include_uncommitted: bool = False
     ) -> list[StoredDeadLetter]:
         with self._tx() as s:
-            stmt = (
-                select(DeadLetterRow)
-                .join(
-                    EpochRow,
-                    (EpochRow.pipeline == DeadLetterRow.pipeline) & (EpochRow.epoch == DeadLetterRow.epoch),
-                )
-                .where(DeadLetterRow.pipeline == pipeline)
-                .order_by(
-                    DeadLetterRow.epoch, DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset
-                )
-            )
-            if epoch is not None:
-                stmt = stmt.where(DeadLetterRow.epoch == epoch)
-            if not include_uncommitted:
-                stmt = stmt.where(EpochRow.status == EpochStatus.COMMITTED.value)
-            return [
-                StoredDeadLetter(
-                    pipeline=r.pipeline,
-                    epoch=r.epoch,
-                    letter=DeadLetter(
-                        r.topic, r.partition, r.offset, r.key, r.value, r.reason, r.key_size, r.value_size
-                    ),
-                    created_at=r.created_at,
-                )
-                for r in s.scalars(stmt).all()
-            ]
+            return dead_letter_pages.stored(s, pipeline, epoch=epoch, include_uncommitted=include_uncommitted)
 
     def dead_letter_page(
         self,
@@ -774,16 +710,10 @@ class Ledger:
     ) -> dead_letter_pages.DeadLetterPage:
         """One page of the committed dead letters, filtered and counted in the database without their
         payloads (see `onceflow.ledger.dead_letter_pages`): what a list of them needs, however many."""
+        dialect = self.engine.dialect.name
         with self._tx() as s:
             return dead_letter_pages.page(
-                s,
-                self.engine.dialect.name,
-                pipeline,
-                epoch=epoch,
-                code=code,
-                text=text,
-                limit=limit,
-                offset=offset,
+                s, dialect, pipeline, epoch=epoch, code=code, text=text, limit=limit, offset=offset
             )
 
     # ------------------------------------------------------------------------------------- retention
@@ -791,79 +721,14 @@ class Ledger:
     def retain(
         self, pipeline: str, policy: RetentionPolicy, *, now: datetime | None = None
     ) -> RetentionResult:
-        """Delete the pipeline's history that no step can still need (see `onceflow.ledger.retention`).
-
-        1. Find the oldest of the ``keep_epochs`` most recent committed epochs and the epochs holding a
-           partition's position (these only loosen as epochs commit, so reading them once is safe).
-        2. Delete older final epochs with their rows, oldest first, ``batch_epochs`` per transaction;
-           each transaction locks the pipeline and reads again what the epoch in flight and young dead
-           letters need.
-        3. Delete dead letters older than ``dead_letter_age`` of final epochs, ``batch_rows`` per
-           transaction.
-        """
-        now = now or utcnow()
-        young_since = now - policy.dead_letter_age
-        result = RetentionResult(pipeline)
-        # 1.
-        with self._tx() as s:
-            below = retention.oldest_kept(s, pipeline, policy.keep_epochs)
-            stable = set() if below is None else retention.position_holders(s, pipeline, below)
-        # 2.
-        if below is not None:
-            result.oldest_kept = below
-            while True:
-                with self._tx() as s:
-                    if not retention.lock_pipeline(s, pipeline):
-                        break
-                    protected = stable | retention.needed_now(s, pipeline, below, young_since)
-                    batch = retention.old_epochs_batch(s, pipeline, below, protected, policy.batch_epochs)
-                    retention.delete_epochs(s, pipeline, batch, result)
-                result.batches += bool(batch)
-                if len(batch) < policy.batch_epochs:
-                    break
-            with self._tx() as s:
-                result.held_back = int(
-                    s.scalar(
-                        select(func.count())
-                        .select_from(EpochRow)
-                        .where(
-                            EpochRow.pipeline == pipeline,
-                            EpochRow.epoch < below,
-                            EpochRow.status.in_(retention.FINAL),
-                        )
-                    )
-                    or 0
-                )
-        # 3.
-        while True:
-            with self._tx() as s:
-                if not retention.lock_pipeline(s, pipeline):
-                    break
-                ids = retention.old_dead_letters_batch(s, pipeline, young_since, policy.batch_rows)
-                result.add("dead_letters", retention.delete_dead_letters(s, ids))
-            result.batches += bool(ids)
-            if len(ids) < policy.batch_rows:
-                break
-        return result
+        """Delete the pipeline's history that no step can still need (see `onceflow.ledger.retention`),
+        in short transactions of bounded batches."""
+        return retention.retain(self._tx, pipeline, policy, now=now)
 
     def row_counts(self, pipeline: str | None = None) -> dict[str, int]:
         """Rows per ledger table (of one pipeline if given): what retention keeps bounded."""
-        models: dict[
-            str, type[EpochRow] | type[EpochOffsetRow] | type[ParticipantRow] | type[DeadLetterRow]
-        ] = {
-            "epochs": EpochRow,
-            "epoch_offsets": EpochOffsetRow,
-            "participants": ParticipantRow,
-            "dead_letters": DeadLetterRow,
-        }
-        counts: dict[str, int] = {}
         with self._tx() as s:
-            for kind, model in models.items():
-                stmt = select(func.count()).select_from(model)
-                if pipeline is not None:
-                    stmt = stmt.where(model.pipeline == pipeline)
-                counts[kind] = int(s.scalar(stmt) or 0)
-        return counts
+            return retention.row_counts(s, pipeline)
 
 
 __all__ = ["Ledger", "LedgerError", "Registration", "staged_location"]

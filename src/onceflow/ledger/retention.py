@@ -23,7 +23,8 @@ planned while the batch decides and deletes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -38,10 +39,21 @@ from onceflow.ledger.models import (
     EpochStatus,
     ParticipantRow,
     PipelineRow,
+    utcnow,
 )
 
 FINAL = (EpochStatus.COMMITTED.value, EpochStatus.ABORTED.value)
-KINDS = ("epochs", "epoch_offsets", "participants", "dead_letters")
+# The tables retention deletes from and counts, by the name results report them under.
+MODELS: dict[str, type[EpochRow] | type[EpochOffsetRow] | type[ParticipantRow] | type[DeadLetterRow]] = {
+    "epochs": EpochRow,
+    "epoch_offsets": EpochOffsetRow,
+    "participants": ParticipantRow,
+    "dead_letters": DeadLetterRow,
+}
+KINDS = tuple(MODELS)
+
+# Opens one short transaction (`Ledger._tx`): retention runs many, so no batch holds locks for long.
+Transaction = Callable[[], AbstractContextManager[Session]]
 
 
 @dataclass(frozen=True)
@@ -259,6 +271,77 @@ def delete_dead_letters(s: Session, ids: list[int]) -> int:
             .execution_options(synchronize_session=False)
         )
     )
+
+
+def held_back(s: Session, pipeline: str, below: int) -> int:
+    """Final epochs older than ``below`` that are still there: the ones a step still needs."""
+    return int(
+        s.scalar(
+            select(func.count())
+            .select_from(EpochRow)
+            .where(EpochRow.pipeline == pipeline, EpochRow.epoch < below, EpochRow.status.in_(FINAL))
+        )
+        or 0
+    )
+
+
+def retain(
+    tx: Transaction, pipeline: str, policy: RetentionPolicy, *, now: datetime | None = None
+) -> RetentionResult:
+    """Delete the pipeline's history that no step can still need (see this module's docstring).
+
+    1. Find the oldest of the ``keep_epochs`` most recent committed epochs and the epochs holding a
+       partition's position (these only loosen as epochs commit, so reading them once is safe).
+    2. Delete older final epochs with their rows, oldest first, ``batch_epochs`` per transaction;
+       each transaction locks the pipeline and reads again what the epoch in flight and young dead
+       letters need.
+    3. Delete dead letters older than ``dead_letter_age`` of final epochs, ``batch_rows`` per
+       transaction.
+    """
+    now = now or utcnow()
+    young_since = now - policy.dead_letter_age
+    result = RetentionResult(pipeline)
+    # 1.
+    with tx() as s:
+        below = oldest_kept(s, pipeline, policy.keep_epochs)
+        stable = set() if below is None else position_holders(s, pipeline, below)
+    # 2.
+    if below is not None:
+        result.oldest_kept = below
+        while True:
+            with tx() as s:
+                if not lock_pipeline(s, pipeline):
+                    break
+                protected = stable | needed_now(s, pipeline, below, young_since)
+                batch = old_epochs_batch(s, pipeline, below, protected, policy.batch_epochs)
+                delete_epochs(s, pipeline, batch, result)
+            result.batches += bool(batch)
+            if len(batch) < policy.batch_epochs:
+                break
+        with tx() as s:
+            result.held_back = held_back(s, pipeline, below)
+    # 3.
+    while True:
+        with tx() as s:
+            if not lock_pipeline(s, pipeline):
+                break
+            ids = old_dead_letters_batch(s, pipeline, young_since, policy.batch_rows)
+            result.add("dead_letters", delete_dead_letters(s, ids))
+        result.batches += bool(ids)
+        if len(ids) < policy.batch_rows:
+            break
+    return result
+
+
+def row_counts(s: Session, pipeline: str | None = None) -> dict[str, int]:
+    """Rows per ledger table (of one pipeline if given): what retention keeps bounded."""
+    counts: dict[str, int] = {}
+    for kind, model in MODELS.items():
+        stmt = select(func.count()).select_from(model)
+        if pipeline is not None:
+            stmt = stmt.where(model.pipeline == pipeline)
+        counts[kind] = int(s.scalar(stmt) or 0)
+    return counts
 
 
 __all__ = ["KINDS", "RetentionPolicy", "RetentionResult"]
