@@ -1,7 +1,7 @@
 """`python -m bench.one_parse`: the JVM path's JSON checks, two parses against one, side by side.
 
-onceflow's JVM path (`onceflow.engine.jvm_read._accepted`) parses each JSON value twice: once into the
-schema's types (``from_json``, whose corrupt-record column flags any field it could not convert), once
+onceflow's JVM path (`onceflow.engine.jvm_checks.json_accepted`) parses each JSON value twice: once into
+the schema's types (``from_json``, whose corrupt-record column flags any field it could not convert), once
 inside an array with a sentinel after it, which proves the value is exactly one JSON object and tells
 JSON strings from other values. This step times that against one parse per record: the value parsed
 once into a Variant (``try_parse_json``, all-or-nothing, but it stops after the first value, so
@@ -29,16 +29,15 @@ from typing import Any
 from bench.jvm_read import PARTITIONS, SCHEMA, produce
 from onceflow import redact
 from onceflow.config import Settings
-from onceflow.engine.jvm_read import (
+from onceflow.engine.jvm_checks import (
     _RESERVED_ESCAPES,
     _SENTINEL,
     _SENTINEL_SUFFIX,
-    _accepted,
     _within,
+    json_accepted,
     json_row,
-    jvm_read,
-    task_kafka_frame,
 )
+from onceflow.engine.jvm_read import jvm_read, task_kafka_frame
 from onceflow.engine.slice_job import SLICE_SQL_CONF
 from onceflow.executor.slices import SliceRef
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
@@ -49,7 +48,7 @@ _KINDS = {"string": ("STRING", "string"), "int": ("BIGINT", "bigint"), "bool": (
 
 
 def variant_checks(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
-    """One parse per record: `_accepted`'s criterion and values from a single Variant of the value.
+    """One parse per record: `json_accepted`'s criterion and values from a single Variant of the value.
 
     Conservative where a Variant cannot tell what Python would see: a duplicate key anywhere fails the
     parse (Python keeps the last), and a float field written as a decimal zero ("-0.0" keeps no sign
@@ -58,11 +57,11 @@ def variant_checks(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
     from pyspark.sql import functions as F
 
     if not isinstance(fmt, JsonFormat):
-        return _accepted(fmt, max_record_bytes)
+        return json_accepted(fmt, max_record_bytes)
     value = F.col("value")
     text = value.cast("string")
     names = ", ".join(f"`{name.replace('`', '``')}`: variant" for name in fmt.schema)
-    # Like `_accepted`'s shape: the value, then a sentinel it cannot spell, as one array of two.
+    # Like `json_accepted`'s shape: the value, then a sentinel it cannot spell, as one array of two.
     document = F.try_parse_json(F.concat(F.lit("["), text, F.lit(_SENTINEL_SUFFIX)))
     fields = F.try_variant_get(document, "$[0]", f"struct<{names}>")  # null unless an object
     sentinel = F.try_variant_get(document, "$[1]", "map<string,bigint>")

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from onceflow.engine.jvm_read import FETCH_MAX_WAIT_MS, kafka_frame, kafka_source_missing
+from onceflow.engine.jvm_checks import kafka_source_missing
+from onceflow.engine.jvm_read import FETCH_MAX_WAIT_MS, kafka_frame
 from onceflow.offsets import OffsetRange
 
 NO_KAFKA = "this Spark session has no Kafka source on its classpath"

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow.config import Settings
-from onceflow.engine.slice_job import _PARTITION_BREAKERS, plan_leaves, plan_operators
+from onceflow.engine.plan_inspection import _PARTITION_BREAKERS, plan_leaves, plan_operators
 from onceflow.executor.slices import SliceRef
 from onceflow.executor.writing import write_task_sinks
 from onceflow.offsets import OffsetRange

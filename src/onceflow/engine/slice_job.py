@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 import traceback
@@ -41,7 +40,9 @@ from onceflow.config import Settings
 from onceflow.decoding.avro_records import pinned
 from onceflow.decoding.records import DeadLetter
 from onceflow.engine.failures import failure_line
-from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, decoded_read
+from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN
+from onceflow.engine.plan_inspection import output_partitions, partition_refusal
+from onceflow.engine.read_path import decoded_read
 from onceflow.errors import ConfigError, OnceflowError, SliceFailed
 from onceflow.executor.arrow_rows import arrow_schema
 from onceflow.executor.slices import SliceRef
@@ -221,7 +222,7 @@ def process_on_spark(
     task_ids = [t.task_id for t in tasks]
     offsets = sum(r.until_offset - r.from_offset for r in ref.slice_ranges)
     # 3. Exact reads of the slice's ranges, decoded in the JVM where every check passes and by the
-    # Python decoder otherwise (`onceflow.engine.jvm_read`); a rejected record travels in the
+    # Python decoder otherwise (`onceflow.engine.read_path`); a rejected record travels in the
     # dead-letter column, in its place. Partition i is read task i.
     read = decoded_read(spark, ref, tasks)
     log(f"slice {ref.slice}: {read.path} read path ({read.reason})")
@@ -320,51 +321,11 @@ def _outputs(spark: Any, spec: Pipeline, settings: Settings, output: Any) -> lis
     return [*((sink, touched) for sink in spec.sinks), (snapshot_sink, snapshot)]
 
 
-# Physical operators after which an output partition is no longer one read task's records in order:
-# every exchange (a shuffle, a broadcast that runs a job of its own, a reused one), partitions merged
-# or multiplied without one, and subqueries (jobs of their own).
-_PARTITION_BREAKERS = frozenset(
-    {"Exchange", "BroadcastExchange", "ReusedExchange", "Coalesce", "CartesianProduct", "Subquery"}
-)
-_PLAN_LINE = re.compile(r"^(?P<indent>[\s:|+\-]*)(?:\*\(\d+\)\s+)?(?P<name>[A-Za-z]\w*)")
-
-
-def physical_plan(frame: Any) -> str:
-    """The query's physical plan as Spark prints it (``explain``'s simple mode), on either kind of
-    session: a classic one plans it in this JVM, a Spark Connect one asks the server (no job runs)."""
-    if type(frame).__module__.startswith("pyspark.sql.connect"):
-        return str(frame._explain_string(mode="simple"))
-    jvm = frame.sparkSession._jvm
-    return str(jvm.PythonSQLUtils.explainString(frame._jdf.queryExecution(), "simple"))
-
-
-def plan_operators(plan: str) -> list[tuple[int, str]]:
-    """(depth, operator name) of each operator line of a printed physical plan, top down."""
-    found = []
-    for line in plan.splitlines():
-        if not line.strip() or line.startswith("=="):
-            continue
-        match = _PLAN_LINE.match(line)
-        if match:
-            found.append((len(match.group("indent")), match.group("name")))
-    return found
-
-
-def plan_leaves(operators: Sequence[tuple[int, str]]) -> list[str]:
-    """The operators with no child: each is followed by one no deeper than itself, or by none."""
-    return [
-        name
-        for i, (depth, name) in enumerate(operators)
-        if i + 1 == len(operators) or operators[i + 1][0] <= depth
-    ]
-
-
 def one_pass_refusal(writes: Sequence[tuple[SinkSpec, Any]], read_leaves: int) -> str | None:
     """Why the sinks' outputs cannot be written in the read's own tasks, or None when they can.
 
-    They can when every sink takes one and the same DataFrame and its physical plan has the read's
-    ``read_leaves`` leaves (`DecodedRead.leaves`) and none of `_PARTITION_BREAKERS`: then every operator
-    between them is narrow, so output partition i holds read task i's records, in their order.
+    They can when every sink takes one and the same DataFrame whose plan keeps the read's partitions
+    (`partition_refusal`): then output partition i holds read task i's records, in their order.
     """
     frames = {id(frame) for _, frame in writes}
     if len(frames) != 1:
@@ -372,14 +333,7 @@ def one_pass_refusal(writes: Sequence[tuple[SinkSpec, Any]], read_leaves: int) -
     frame = writes[0][1]
     for sink, _ in writes:
         _sink_frame(sink, frame)  # a sink's missing columns are the slice's failure on either path
-    operators = plan_operators(physical_plan(frame))
-    breakers = sorted({name for _, name in operators} & _PARTITION_BREAKERS)
-    if breakers:
-        return f"the transform's plan has {', '.join(breakers)}"
-    leaves = plan_leaves(operators)
-    if len(leaves) != read_leaves:
-        return f"the transform's plan reads {len(leaves)} inputs, the slice {read_leaves}"
-    return None
+    return partition_refusal(frame, read_leaves)
 
 
 def _sink_frame(sink: SinkSpec, frame: Any) -> list[str] | None:
@@ -393,20 +347,6 @@ def _sink_frame(sink: SinkSpec, frame: Any) -> list[str] | None:
                 f"({frame.columns}) does not have"
             )
     return columns
-
-
-def output_partitions(frame: Any) -> int | None:
-    """How many partitions a DataFrame's query has, when the session can tell without running it.
-
-    A classic session plans it (``DataFrame.rdd``); a Spark Connect session has no RDDs, so the
-    count is unknown there and the writer repartitions to one partition per task.
-    """
-    from pyspark.errors import PySparkNotImplementedError
-
-    try:
-        return int(frame.rdd.getNumPartitions())
-    except PySparkNotImplementedError:  # a Spark Connect DataFrame
-        return None
 
 
 # The source position of a row, where the transform kept it: enough to restore source order.

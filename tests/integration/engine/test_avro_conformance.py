@@ -35,16 +35,10 @@ from onceflow.config import Settings
 from onceflow.decoding.records import DeadLetter
 from onceflow.decoding.schema_registry import FolderSchemaRegistry
 from onceflow.engine.jvm_avro import writer_plans
-from onceflow.engine.jvm_read import (
-    DEAD_LETTER_COLUMN,
-    JVM,
-    decoded_read,
-    jvm_read,
-    kafka_source_missing,
-    python_read,
-    task_kafka_frame,
-)
-from onceflow.engine.slice_job import physical_plan, plan_leaves, plan_operators
+from onceflow.engine.jvm_checks import kafka_source_missing
+from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, python_read, task_kafka_frame
+from onceflow.engine.plan_inspection import physical_plan, plan_leaves, plan_operators
+from onceflow.engine.read_path import JVM, decoded_read
 from onceflow.executor.slices import SliceRef
 from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
 from tests.integration.engine.test_jvm_conformance import _in_offset_order, _key, _ranges, _tasks

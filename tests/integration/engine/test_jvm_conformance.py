@@ -23,16 +23,10 @@ from bench.one_parse import variant_checks
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from onceflow.decoding.records import DeadLetter
-from onceflow.engine.jvm_read import (
-    DEAD_LETTER_COLUMN,
-    JVM,
-    PYTHON,
-    decoded_read,
-    jvm_read,
-    kafka_source_missing,
-    task_kafka_frame,
-)
-from onceflow.engine.slice_job import physical_plan, plan_leaves, plan_operators
+from onceflow.engine.jvm_checks import kafka_source_missing
+from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, task_kafka_frame
+from onceflow.engine.plan_inspection import physical_plan, plan_leaves, plan_operators
+from onceflow.engine.read_path import JVM, PYTHON, decoded_read
 from onceflow.executor.reading import read_task, split
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
