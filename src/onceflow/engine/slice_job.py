@@ -87,7 +87,7 @@ def open_slice(
 ) -> tuple[Epoch, SliceRef, list[ReadTask]]:
     """Steps 1 and 2, shared by the Spark job and the local executor: check the epoch, list the tasks."""
     spec, settings = coordinator.spec, coordinator.settings
-    assert spec is not None and settings is not None
+    assert spec is not None
     # 1. The epoch must still be PLANNED under this token.
     epoch = coordinator.ledger.epoch(spec.name, epoch_number)
     refusal = slice_refusal(epoch, at_most_once=spec.commits_before_processing, attempt_token=attempt_token)
