@@ -26,7 +26,7 @@ Executor: TypeAlias = Literal["spark", "connect", "submit", "local"]
 EXECUTORS: tuple[Executor, ...] = ("spark", "connect", "submit", "local")
 # How a Spark slice reads and decodes JSON records: "python" in each task's Python worker (a Kafka
 # consumer per read task, one parse per record), "jvm" with Spark's Kafka source and from_json (what the
-# JVM cannot prove good still goes to Python). README's Performance section has the two side by side.
+# JVM cannot prove good still goes to Python). docs/operations.md (Read paths) has the two side by side.
 JsonRead: TypeAlias = Literal["python", "jvm"]
 JSON_READS: tuple[JsonRead, ...] = ("python", "jvm")
 _REGISTRY_SCHEMES = ("http://", "https://", "file:///")

@@ -1,11 +1,12 @@
-"""README's reference tables, rendered from the code they describe so that they cannot drift from it.
+"""The documentation's reference tables, rendered from the code they describe so that they cannot drift.
 
 The sink tables come from each kind's `SinkKind.settings`, the schema types from
 `onceflow.pipeline.FIELD_TYPES` and the row types the decoder gives them, the dead-letter reasons from
 `onceflow.decoding.records.DEAD_LETTER_CODES` and the spec's arguments from the `Pipeline` dataclass. Each
-table sits in README.md between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->``;
-``python -m onceflow.reference README.md`` rewrites them and ``--check`` only compares (a unit test does
-the same, so a change to a sink's settings without the README fails the suite).
+table sits in docs/configuration.md (`DOCUMENT`) between ``<!-- reference:NAME -->`` and
+``<!-- /reference:NAME -->``; ``python -m onceflow.reference`` rewrites them there and ``--check`` only
+compares (a unit test does the same, so a change to a sink's settings without its documentation fails the
+suite). Another file holding the same markers can be named on the command line.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from onceflow.errors import ConfigError
 from onceflow.pipeline import FIELD_TYPES, METADATA_COLUMNS, JsonFormat, Pipeline
 from onceflow.sinks.registry import SinkKind, SinkSetting, known_kinds, sink_kind
 
-REGENERATE = "python -m onceflow.reference README.md"
+# The file that holds the tables, relative to the checkout (where the command is run).
+DOCUMENT = Path("docs/configuration.md")
+REGENERATE = "python -m onceflow.reference"
 
 # What a JSON value must be for each schema type; a type missing here fails the rendering.
 _ACCEPTS = {
@@ -189,7 +192,7 @@ def generated_blocks(text: str) -> dict[str, str]:
         match = _block(name).search(text)
         if match is None:
             raise ConfigError(
-                f"no '<!-- reference:{name} -->' ... '<!-- /reference:{name} -->' markers in the README"
+                f"no '<!-- reference:{name} -->' ... '<!-- /reference:{name} -->' markers in the document"
             )
         found[name] = match.group(2)
     return found
@@ -215,25 +218,33 @@ def update(text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m onceflow.reference", description="rewrite README's generated reference tables"
+        prog="python -m onceflow.reference",
+        description="rewrite the documentation's generated reference tables",
     )
-    parser.add_argument("readme", nargs="?", default="README.md", type=Path)
+    parser.add_argument(
+        "document",
+        nargs="?",
+        default=DOCUMENT,
+        type=Path,
+        help=f"the file that holds them (default: {DOCUMENT})",
+    )
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when out of date")
     args = parser.parse_args(argv)
     try:
-        text = args.readme.read_text(encoding="utf-8")
+        text = args.document.read_text(encoding="utf-8")
         updated = update(text)
     except (OSError, ConfigError) as exc:
-        print(f"onceflow.reference: error: {args.readme}: {exc}", file=sys.stderr)
+        print(f"onceflow.reference: error: {args.document}: {exc}", file=sys.stderr)
         return 1
     if updated == text:
-        print(f"{args.readme}: the reference tables are up to date")
+        print(f"{args.document}: the reference tables are up to date")
         return 0
     if args.check:
-        print(f"{args.readme}: the reference tables are out of date; run `{REGENERATE}`", file=sys.stderr)
+        command = REGENERATE if args.document == DOCUMENT else f"{REGENERATE} {args.document}"
+        print(f"{args.document}: the reference tables are out of date; run `{command}`", file=sys.stderr)
         return 1
-    args.readme.write_text(updated, encoding="utf-8")
-    print(f"{args.readme}: reference tables rewritten")
+    args.document.write_text(updated, encoding="utf-8")
+    print(f"{args.document}: reference tables rewritten")
     return 0
 
 

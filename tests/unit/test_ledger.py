@@ -1,4 +1,4 @@
-"""The ledger's state machine on an SQLite file: one test group per invariant of DESIGN.md section 3."""
+"""The ledger's state machine on an SQLite file: one test group per invariant of docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 The machine plays planner, Spark tasks (honest, duplicate and zombie), coordinator, operator and recovery
 at once, keeps its own model of what each call must do, and reads the ledger's real tables (plain SQL) to
-check DESIGN.md section 3 after every step. `run_machine` is shared with the PostgreSQL run in
-tests/integration/test_ledger_postgres.py.
+check the invariants of docs/architecture.md after every step. `run_machine` is shared with the
+PostgreSQL run in tests/integration/test_ledger_postgres.py.
 """
 
 from __future__ import annotations

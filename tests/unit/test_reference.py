@@ -1,5 +1,5 @@
-"""README's reference tables are the ones the code renders, and each sink kind's declared settings are
-exactly what its config parser reads (keys, types, defaults, bounds, choices)."""
+"""The documented reference tables (docs/configuration.md) are the ones the code renders, and each sink
+kind's declared settings are exactly what its config parser reads (keys, types, defaults, bounds, choices)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from onceflow.sinks import build_committer, known_kinds, sink_kind
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks.registry import SinkSetting
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENT = ROOT / reference.DOCUMENT
 # The setting type each ConfigReader method reads.
 READER_TYPES = {
     "string": "string",
@@ -32,12 +33,20 @@ READER_TYPES = {
 }
 
 
-def test_readme_tables_are_the_generated_ones() -> None:
-    found = reference.generated_blocks(README.read_text(encoding="utf-8"))
+def test_the_documented_tables_are_the_generated_ones() -> None:
+    found = reference.generated_blocks(DOCUMENT.read_text(encoding="utf-8"))
     for name in reference.SECTIONS:
         assert found[name] == reference.render(name), (
-            f"README's '{name}' reference is out of date: run `{reference.REGENERATE}`"
+            f"{reference.DOCUMENT}'s '{name}' reference is out of date: run `{reference.REGENERATE}`"
         )
+
+
+def test_the_command_checks_the_documented_tables_by_default(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(ROOT)
+    assert reference.main(["--check"]) == 0
+    assert str(reference.DOCUMENT) in capsys.readouterr().out
 
 
 def _sample(setting: SinkSetting, folder: Path) -> Any:
@@ -140,13 +149,13 @@ def test_update_rewrites_only_what_is_between_the_markers(tmp_path: Path) -> Non
     assert "STALE TEXT" not in updated
     assert reference.generated_blocks(updated)["sinks"] == reference.render("sinks")
     assert reference.update(updated) == updated
-    readme = tmp_path / "README.md"
-    readme.write_text(text)
-    assert reference.main([str(readme), "--check"]) == 1
-    assert readme.read_text() == text  # --check writes nothing
-    assert reference.main([str(readme)]) == 0
-    assert readme.read_text() == updated
-    assert reference.main([str(readme), "--check"]) == 0
+    document = tmp_path / "configuration.md"
+    document.write_text(text)
+    assert reference.main([str(document), "--check"]) == 1
+    assert document.read_text() == text  # --check writes nothing
+    assert reference.main([str(document)]) == 0
+    assert document.read_text() == updated
+    assert reference.main([str(document), "--check"]) == 0
 
 
 def test_missing_markers_are_named() -> None:

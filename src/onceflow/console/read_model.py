@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 Partition = tuple[str, int]
 DEAD_LETTER_LIMIT = 200
 
-# What an operator may do about an epoch in flight, by its status (the invariants in the README's words).
+# What an operator may do about an epoch in flight, by its status (the invariants of docs/architecture.md).
 NEXT_STEP = {
     "PLANNED": "undecided: commit once every participant pre-committed, or abort (its ranges are replayed)",
     "COMMITTING": "decided: the only outcome is COMMITTED; commit (or recover) finishes it, abort is refused",

@@ -135,7 +135,8 @@ def transactional_id(pipeline: str, sink: str, slice_: int) -> str:
     The parts are joined with ':', which `check_name` keeps out of names, so that no two (pipeline,
     sink) pairs share an id: joined with '-', which names may contain, pipeline ``a-b`` with sink ``c``
     and pipeline ``a`` with sink ``b-c`` fenced each other's transactions. Ids of the older form
-    (``onceflow-<pipeline>-<sink>-s<slice>``) are never produced again (see README, Kafka sink ids)."""
+    (``onceflow-<pipeline>-<sink>-s<slice>``) are never produced again (docs/operations.md says how to
+    move a pipeline off them)."""
     return f"{transactional_id_prefix(pipeline)}{check_name('sink', sink)}:s{slice_}"
 
 

@@ -64,7 +64,7 @@ SETTING_TYPES: tuple[str, ...] = ("string", "integer", "boolean", "path", "colum
 
 @dataclass(frozen=True)
 class SinkSetting:
-    """One key of a sink kind's config, as users write it: what README's sink reference lists.
+    """One key of a sink kind's config, as users write it: what docs/configuration.md's sink reference lists.
 
     ``default`` is the value used when the key is absent; ``default_from`` says where the value comes
     from when it is not a constant (e.g. the deployment's settings). ``minimum`` bounds integers and

@@ -6,7 +6,7 @@ Parquet files with the local executor (one record was undecodable: a dead letter
 and undecided. The browser logs in through Airflow's login page, reads the console, aborts epoch 2, is
 refused the abort of epoch 1 in the coordinator's words, and a viewer is refused any action. Screenshots
 are saved as console-*.png in the test's temporary folder, or, with ONCEFLOW_CONSOLE_SCREENSHOTS=docs
-(a folder, relative to the checkout), where the README shows them.
+(a folder, relative to the checkout), where docs/operations.md shows them.
 """
 
 from __future__ import annotations
