@@ -22,7 +22,7 @@ from tests.faults.spark_faults import SPARK_KINDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
-MINUTES = float(os.environ.get("ONCEFLOW_SOAK_MINUTES", "3"))
+MINUTES = float(os.environ.get("ONCEFLOW_SOAK_MINUTES", "2"))
 SEED = int(os.environ.get("ONCEFLOW_SOAK_SEED", "20261205"))
 RATE = int(os.environ.get("ONCEFLOW_SOAK_RATE", str(soak.RATE)))
 

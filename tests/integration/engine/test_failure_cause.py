@@ -44,7 +44,7 @@ def stall(frame):
 
 
 DRIVER = replace(orders_pipeline(), transform="{name}:on_the_driver")
-HUNG = replace(orders_pipeline(), transform="{name}:stall", transaction_timeout_s=25)
+HUNG = replace(orders_pipeline(), transform="{name}:stall", transaction_timeout_s=15)
 EXECUTOR = replace(orders_pipeline(), transform="{name}:on_an_executor")
 """
 
@@ -86,7 +86,7 @@ def test_a_hung_spark_submit_is_killed_at_the_transaction_timeout_and_its_epoch_
     monkeypatch.syspath_prepend(str(tmp_path))
     produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(0, 6))
     started = time.monotonic()
-    with pytest.raises(ProcessFailed, match=r"ran past the pipeline's transaction timeout \(25 s\)"):
+    with pytest.raises(ProcessFailed, match=r"ran past the pipeline's transaction timeout \(15 s\)"):
         run_epoch(f"{name}:HUNG", Settings.from_env(), executor="submit")
     assert time.monotonic() - started < 90  # not the transform's ten minutes
     left = subprocess.run(["pgrep", "-f", f"{name}:HUNG"], capture_output=True, text=True, check=False)

@@ -27,12 +27,13 @@ from tests.integration.engine.data import ORDERS, delivered_ids, orders, prepare
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 IDLE_S = 5
-# The server closes a session idle for 20 s (checked every 5 s); the suite's runtime, after 10 minutes.
-SESSION_IDLE_S = 20
+# The server closes a session idle for 10 s (checked every 2 s); the suite's runtime, after 10 minutes.
+SESSION_IDLE_S = 10
+SESSION_CHECK_S = 2
 SESSION_TIMEOUT = " ".join(
     (
         f"spark.connect.session.manager.defaultSessionTimeout={SESSION_IDLE_S}s",
-        "spark.connect.session.manager.maintenanceInterval=5s",
+        f"spark.connect.session.manager.maintenanceInterval={SESSION_CHECK_S}s",
     )
 )
 
@@ -97,8 +98,9 @@ def test_a_lean_runtime_is_one_jvm_delivers_once_and_its_idle_python_daemons_exi
     while _daemons(runtime):
         assert time.monotonic() < deadline, "the lean runtime's Python daemons did not exit when idle"
         time.sleep(3)
-    # The server closes the session once idle for SESSION_IDLE_S (checked every 5 s): wait that out too.
-    time.sleep(max(0.0, ended + SESSION_IDLE_S + 5 + 3 - time.monotonic()))
+    # The server closes the session once idle for SESSION_IDLE_S (checked every SESSION_CHECK_S): wait
+    # that out too.
+    time.sleep(max(0.0, ended + SESSION_IDLE_S + SESSION_CHECK_S + 3 - time.monotonic()))
 
     produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(30, 30))
     two = run_epoch(ORDERS, Settings.from_env(), executor="connect", spark_remote_url=remote)
