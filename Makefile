@@ -105,7 +105,7 @@ faults: venv jars
 
 # The soak (tests/faults/soak.py): report soak-SEED.{md,json,png}; the bench extra brings matplotlib for the plot.
 # It runs on a three-broker Kafka cluster, so that the cluster faults are in the catalogue
-# (ONCEFLOW_KAFKA_BROKERS=1 make soak: the single broker, as the suite's 2-minute soak).
+# (ONCEFLOW_KAFKA_BROKERS=1 make soak: the single broker, as the suite's 3-minute soak).
 MINUTES ?= 60
 soak: export ONCEFLOW_KAFKA_BROKERS ?= 3
 soak: $(BENCH_STAMP) jars

@@ -1,4 +1,4 @@
-"""The soak in the suite: two minutes (ONCEFLOW_SOAK_MINUTES) of steady load (ONCEFLOW_SOAK_RATE good
+"""The soak in the suite: three minutes (ONCEFLOW_SOAK_MINUTES) of steady load (ONCEFLOW_SOAK_RATE good
 records a second, 1,000 by default) on every sink kind and keyed state, every pipeline on the warm Spark
 runtime, a seeded fault about once a minute (Spark's own among them), then exactly-once and each source
 partition's order from the outputs, and bounded resources.
@@ -22,7 +22,7 @@ from tests.faults.spark_faults import SPARK_KINDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
-MINUTES = float(os.environ.get("ONCEFLOW_SOAK_MINUTES", "2"))
+MINUTES = float(os.environ.get("ONCEFLOW_SOAK_MINUTES", "3"))
 SEED = int(os.environ.get("ONCEFLOW_SOAK_SEED", "20261205"))
 RATE = int(os.environ.get("ONCEFLOW_SOAK_RATE", str(soak.RATE)))
 
