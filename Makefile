@@ -47,6 +47,7 @@ services: venv jars
 	@infra/services.sh start
 
 services-stop:
+	@infra/test-stacks.sh stop
 	@infra/services.sh stop
 
 # Only the warm Spark runtime (master, two workers, Spark Connect server; `make services` starts it too);
@@ -79,11 +80,17 @@ browser:
 	else echo "[onceflow] chromedriver not found: apt-get install chromium chromium-driver (the browser tests need it)" >&2; fi
 
 # The local stack starts in the background while lint and the unit tests (which need no service) run;
-# its progress is shown once it is up. PYTEST_ARGS runs pytest once, with those arguments, on the stack.
+# its progress is shown once it is up. The integration and fault tests then run in LANES lanes (pytest
+# workers), each against a whole stack of its own (infra/test-stacks.sh: a lane's faults never reach
+# another lane), files handed to whichever lane is free. LANES=1: one stack, one pytest process.
+# PYTEST_ARGS runs pytest once, with those arguments, on one stack.
 STACK_LOG := .onceflow/services-start.log
+LANES ?= 2
+TEST_LANES := $(if $(PYTEST_ARGS),1,$(LANES))
+TEST_HOME := $(or $(ONCEFLOW_HOME),$(CURDIR)/.onceflow)
 test: venv jars browser
-	@mkdir -p .onceflow; echo "[onceflow] starting the local stack in the background ($(STACK_LOG))" >&2; \
-	  infra/services.sh start > .onceflow/services-start.env 2> $(STACK_LOG) & starting=$$!; \
+	@mkdir -p .onceflow; echo "[onceflow] starting $(TEST_LANES) local stack(s) in the background ($(STACK_LOG))" >&2; \
+	  infra/test-stacks.sh start $(TEST_LANES) 2> $(STACK_LOG) & starting=$$!; \
 	  failed=0; $(MAKE) --no-print-directory lint || failed=1; \
 	  if [ -z "$(PYTEST_ARGS)" ] && [ $$failed = 0 ]; then \
 	    echo "[onceflow] unit tests (no services needed)" >&2; \
@@ -91,9 +98,15 @@ test: venv jars browser
 	  wait $$starting; up=$$?; cat $(STACK_LOG) >&2; \
 	  if [ $$up != 0 ]; then echo "[onceflow] error: the local stack did not start (above)" >&2; exit 1; fi; \
 	  [ $$failed = 0 ] || exit 1; \
-	  set -a; . .onceflow/services-start.env; set +a; \
-	  echo "[onceflow] running the integration and fault tests against the local stack" >&2; \
-	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(or $(PYTEST_ARGS),--ignore=tests/unit)
+	  set -a; . "$(TEST_HOME)/test-stack-1.env"; set +a; \
+	  if [ $(TEST_LANES) = 1 ]; then \
+	    echo "[onceflow] running the integration and fault tests against the local stack" >&2; \
+	    PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(or $(PYTEST_ARGS),--ignore=tests/unit); \
+	  else \
+	    echo "[onceflow] running the integration and fault tests in $(TEST_LANES) lanes, one stack each" >&2; \
+	    ONCEFLOW_TEST_STACKS="$$(for n in $$(seq $(TEST_LANES)); do printf '%s ' "$(TEST_HOME)/test-stack-$$n.env"; done)" \
+	      PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(TEST_LANES) --dist loadfile --ignore=tests/unit; \
+	  fi
 
 N ?= 100
 SEED ?=

@@ -8,7 +8,9 @@ run it (`make services` leaves it out there, in one line): its tests skip with t
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shlex
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +21,27 @@ import pytest
 from onceflow.cli.topics import wait_for_leaders
 from onceflow.config import Settings
 from onceflow.decoding.schema_registry import HttpSchemaRegistry, RegistryUnavailable
+
+
+def _use_this_lanes_stack() -> None:
+    """`make test` runs the integration and fault tests in lanes (pytest-xdist workers gw0, gw1, ...),
+    each against a whole stack of its own (infra/test-stacks.sh), so that one lane's faults (a broker
+    killed, PostgreSQL restarted, the Spark runtime killed) never reach another lane's tests. A worker
+    takes its stack's settings from the n-th file of ONCEFLOW_TEST_STACKS before anything reads them:
+    the fixtures, the spark-submit children and the infra scripts the fault tests call all see them."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    files = os.environ.get("ONCEFLOW_TEST_STACKS", "").split()
+    if not worker.startswith("gw") or not files:
+        return
+    chosen = Path(files[int(worker.removeprefix("gw")) % len(files)])
+    for line in chosen.read_text().splitlines():
+        for word in shlex.split(line):
+            key, _, value = word.partition("=")
+            os.environ[key] = value
+
+
+_use_this_lanes_stack()
+
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,27 +65,36 @@ def spark_class_archive() -> None:
         return
     from pyspark import __version__ as spark_version
 
-    from onceflow.engine.submit import spark_environment
-
     java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False).stderr
     cache = Path(os.environ.get("ONCEFLOW_CACHE") or ROOT / ".cache")
     key = uuid.uuid5(uuid.NAMESPACE_OID, java).hex[:12]
     archive = cache / f"spark-submit-classes-{spark_version}-{key}.jsa"
-    if not archive.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        partial = archive.with_suffix(f".{os.getpid()}.part")
-        env = spark_environment(Settings.from_env())
-        env["SPARK_SUBMIT_OPTS"] = f"{_FAST_START} -XX:ArchiveClassesAtExit={partial}"
-        job = ROOT / "tests" / "spark_classes.py"
-        done = subprocess.run(
-            ["spark-submit", "--master", "local[2]", str(job)], env=env, capture_output=True, timeout=300
-        )
-        if done.returncode != 0 or not partial.exists():
-            partial.unlink(missing_ok=True)
-            print(f"no class archive for spark-submit (exit {done.returncode}); drivers load their jars")
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(archive.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one lane trains, the others wait for its archive
+        if not archive.exists() and not _train(archive):
             return
-        partial.replace(archive)
     os.environ["SPARK_SUBMIT_OPTS"] = f"{_FAST_START} -XX:SharedArchiveFile={archive} -Xlog:cds*=off"
+
+
+def _train(archive: Path) -> bool:
+    """Write ``archive`` from one spark-submit of tests/spark_classes.py; False (said in one line) if
+    that job fails."""
+    from onceflow.engine.submit import spark_environment
+
+    partial = archive.with_suffix(f".{os.getpid()}.part")
+    env = spark_environment(Settings.from_env())
+    env["SPARK_SUBMIT_OPTS"] = f"{_FAST_START} -XX:ArchiveClassesAtExit={partial}"
+    job = ROOT / "tests" / "spark_classes.py"
+    done = subprocess.run(
+        ["spark-submit", "--master", "local[2]", str(job)], env=env, capture_output=True, timeout=300
+    )
+    if done.returncode != 0 or not partial.exists():
+        partial.unlink(missing_ok=True)
+        print(f"no class archive for spark-submit (exit {done.returncode}); drivers load their jars")
+        return False
+    partial.replace(archive)
+    return True
 
 
 @pytest.fixture(scope="session")
