@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias, cast
 
-from onceflow.avro_schema import avro_columns, parse_schema_text
 from onceflow.errors import ConfigError, one_line
+from onceflow.schemas.avro import avro_columns, parse_schema_text
+from onceflow.schemas.types import INTERNAL, Primitive, Sugar, from_sugar, render, walk
+from onceflow.schemas.types import nullable as nullable  # next to JsonFormat, for its sugar
 
 Guarantee: TypeAlias = Literal["exactly_once", "at_least_once", "at_most_once"]
 OnMissingOffsets: TypeAlias = Literal["fail", "skip"]
@@ -31,8 +33,24 @@ ON_MISSING_OFFSETS: tuple[str, ...] = ("fail", "skip")
 ON_RERUN: tuple[str, ...] = ("skip", "replace")
 # How Avro values are framed: the schema registry's (magic byte 0, 4-byte schema id, body) or bare bodies.
 AVRO_WIRES: tuple[str, ...] = ("registry", "plain")
-# JSON field types a schema may declare; a trailing "?" makes the field nullable (null or absent).
-FIELD_TYPES: tuple[str, ...] = ("string", "int", "float", "bool")
+# JSON field types a schema may declare (`onceflow.schemas.types` has the grammar); a trailing "?" makes
+# a value nullable (null, or for a field also absent), at any depth.
+FIELD_TYPES: tuple[str, ...] = (
+    "string",
+    "int",
+    "float",
+    "bool",
+    "bytes",
+    "date",
+    "timestamp",
+    "timestamp_ms",
+    "timestamp_us",
+    "decimal(p,s)",
+    "json",
+    "struct<name:T,...>",
+    "array<T>",
+    "map<string,T>",
+)
 # Columns every decoded row carries, so sinks can deduplicate or trace a row back to its record.
 METADATA_COLUMNS: tuple[str, ...] = ("_topic", "_partition", "_offset", "_timestamp")
 # Reducers keyed state folds with: associative, so epoch n's rows fold into the state of epoch n-1.
@@ -157,36 +175,59 @@ class KafkaSource:
 
 @dataclass(frozen=True)
 class JsonFormat:
-    """Record values are JSON objects with a declared schema: {field: "string"|"int"|"float"|"bool"}.
+    """Record values are JSON objects with a declared schema: {field: type}.
 
-    A type ending in "?" is nullable (the field may be null or absent). Fields not in the schema are
-    dropped. ``key_field``, when set, is the row column that receives the record's key as UTF-8 text;
-    records without a key are then dead-lettered rather than given an empty key.
+    A type is a text of `onceflow.schemas.types`' grammar ("int?", "timestamp", "decimal(10,2)",
+    "array<string>", "struct<ip:string?>?", ...) or JSON-shaped sugar: a dict is a required struct of its
+    fields, a one-element list a required array of its element (``{"items": [{"sku": "string"}]}``);
+    `nullable` makes sugar nullable. A type ending in "?" is nullable (the field may be null or absent).
+    Every field is kept as its canonical text, so ``schema`` stays ``{name: text}``, travels as it is,
+    and a flat schema reads exactly as written. Fields not in the schema are dropped, at every depth.
+    JSON has no time or decimal values, so these read text or integers: ``timestamp`` ISO-8601 text with
+    its offset or Z, ``timestamp_ms``/``timestamp_us`` epoch integers (all three a UTC ``timestamp``
+    column), ``date`` ``YYYY-MM-DD``, ``decimal(p,s)`` a number or numeric text kept exactly (one with
+    more digits than the type holds is a dead letter, never rounded), ``bytes`` base64 text, ``json``
+    any value as its canonical JSON text.
+    ``key_field``, when set, is the row column that receives the record's key as UTF-8 text; records
+    without a key are then dead-lettered rather than given an empty key.
     """
 
     schema: Mapping[str, str] = field(hash=False)
     key_field: str | None = None
 
+    def __init__(self, schema: Mapping[str, Sugar], key_field: str | None = None) -> None:
+        # A hand-written __init__ only to type ``schema`` as what users may give (sugar); what is kept
+        # is always {name: canonical text}.
+        object.__setattr__(self, "schema", schema)
+        object.__setattr__(self, "key_field", key_field)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         if not isinstance(self.schema, Mapping) or not self.schema:
             raise _fail("format.schema", self.schema, "expected a non-empty mapping of field name to type")
-        for name, type_name in self.schema.items():
+        canonical: dict[str, str] = {}
+        for name, declared in self.schema.items():
             where = f"format.schema[{name!r}]"
             if not isinstance(name, str) or not name:
                 raise _fail("format.schema", name, "field names must be non-empty strings")
             if name in METADATA_COLUMNS:
-                raise _fail(where, type_name, f"field name is reserved for metadata {METADATA_COLUMNS}")
-            if not isinstance(type_name, str) or type_name.removesuffix("?") not in FIELD_TYPES:
-                raise _fail(where, type_name, f"expected one of {FIELD_TYPES}, optionally ending in '?'")
+                raise _fail(where, declared, f"field name is reserved for metadata {METADATA_COLUMNS}")
+            parsed = from_sugar(declared, where)
+            internal = sorted(
+                {t.name for t in walk(parsed) if isinstance(t, Primitive) and t.name in INTERNAL}
+            )
+            if internal:
+                raise _fail(where, declared, f"type {internal[0]!r} is the metadata's; use 'int'")
+            canonical[name] = render(parsed)
         if self.key_field is not None:
             if not isinstance(self.key_field, str) or not self.key_field:
                 raise _fail("format.key_field", self.key_field, "expected a non-empty column name")
-            if self.key_field in self.schema or self.key_field in METADATA_COLUMNS:
+            if self.key_field in canonical or self.key_field in METADATA_COLUMNS:
                 raise _fail("format.key_field", self.key_field, "collides with a schema or metadata column")
-        object.__setattr__(self, "schema", MappingProxyType(dict(self.schema)))
+        object.__setattr__(self, "schema", MappingProxyType(canonical))
 
     def field_type(self, name: str) -> tuple[str, bool]:
-        """(base type, nullable) of a schema field."""
+        """(base type, nullable) of a schema field: its canonical text without the trailing "?"."""
         declared = self.schema[name]
         return declared.removesuffix("?"), declared.endswith("?")
 

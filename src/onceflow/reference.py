@@ -35,9 +35,43 @@ _ACCEPTS = {
     "int": "an integer within 64 bits",
     "float": "a number (an integer becomes a float)",
     "bool": "`true` or `false`",
+    "bytes": "base64 text",
+    "date": "ISO text `YYYY-MM-DD`",
+    "timestamp": "ISO-8601 text with `Z` or an offset (`2026-11-25T12:30:01.5+01:00`), at most to the "
+    "microsecond; kept as its UTC instant (text without an offset is a dead letter)",
+    "timestamp_ms": "an integer: milliseconds since 1970-01-01 UTC (a `timestamp` column)",
+    "timestamp_us": "an integer: microseconds since 1970-01-01 UTC (a `timestamp` column)",
+    "decimal(p,s)": "a number or numeric text, exactly (never through a double); one that needs more than "
+    "s digits after the point or p - s before it is a dead letter, not rounded",
+    "json": "any JSON value, kept as its canonical text (sorted keys, no spaces)",
+    "struct<name:T,...>": 'an object with the declared fields (others dropped); also written `{"name": T}`',
+    "array<T>": "an array whose every element is a T; also written `[T]`",
+    "map<string,T>": "an object whose every value is a T",
 }
-# PostgreSQL column types that hold each Spark row type exactly.
-_POSTGRES_TYPES = {"string": "text", "bigint": "bigint", "double": "double precision", "boolean": "boolean"}
+# A concrete type for each FIELD_TYPES entry that is a pattern, to render its columns.
+_EXAMPLES = {
+    "decimal(p,s)": "decimal(10,2)",
+    "struct<name:T,...>": "struct<name:int>",
+    "array<T>": "array<int>",
+    "map<string,T>": "map<string,int>",
+}
+# PostgreSQL column types that hold each Spark row type exactly (a decimal: numeric of its own p and s).
+_POSTGRES_TYPES = {
+    "string": "text",
+    "bigint": "bigint",
+    "double": "double precision",
+    "boolean": "boolean",
+    "binary": "bytea",
+    "date": "date",
+    "timestamp": "timestamptz",
+}
+
+
+def _postgres_type(spark: str) -> str:
+    if spark.startswith("decimal("):
+        return "numeric" + spark.removeprefix("decimal")
+    return _POSTGRES_TYPES.get(spark, "—")
+
 
 # What each argument of `Pipeline` means; an argument missing here fails the rendering.
 _PIPELINE_ARGS = {
@@ -128,7 +162,8 @@ def schema_reference() -> str:
         raise ConfigError(f"schema types {missing} have no description in onceflow.reference")
     from pyspark.sql.pandas.types import to_arrow_type
 
-    spark = {f.name: f.dataType for f in spark_schema(JsonFormat({t: t for t in FIELD_TYPES})).fields}
+    example = JsonFormat({t: _EXAMPLES.get(t, t) for t in FIELD_TYPES})
+    spark = {f.name: f.dataType for f in spark_schema(example).fields}
     lines = [
         "| type | a JSON value it accepts | Spark column | Arrow type (`files`) | PostgreSQL column |",
         "| --- | --- | --- | --- | --- |",
@@ -136,10 +171,12 @@ def schema_reference() -> str:
     for t in FIELD_TYPES:
         simple = spark[t].simpleString()
         arrow = str(to_arrow_type(spark[t]))
-        lines.append(f"| `{t}` | {_ACCEPTS[t]} | `{simple}` | `{arrow}` | `{_POSTGRES_TYPES[simple]}` |")
+        postgres = _postgres_type(simple)
+        postgres = postgres if postgres == "—" else f"`{postgres}`"
+        lines.append(f"| `{_cell(t)}` | {_cell(_ACCEPTS[t])} | `{simple}` | `{arrow}` | {postgres} |")
     meta = ", ".join(
         f"`{name}` ({spark[name].simpleString()})"
-        for name, _, _ in row_columns(JsonFormat({t: t for t in FIELD_TYPES}))
+        for name, _, _ in row_columns(example)
         if name in METADATA_COLUMNS
     )
     codes = ", ".join(f"`{c}`" for c in DEAD_LETTER_CODES)
@@ -148,7 +185,11 @@ def schema_reference() -> str:
             *lines,
             "",
             'A type ending in `?` is nullable: `"int?"` takes null or a missing field as NULL; without '
-            "it, such a record is a dead letter. Fields not in the schema are dropped. Every row also "
+            "it, such a record is a dead letter. The same holds inside nested types "
+            '(`"array<int?>"`, `"struct<ip:string?>"`), and `nullable({"ip": "string?"})` (from '
+            "`onceflow.pipeline`) makes sugar nullable. Fields not in the schema are dropped, at every "
+            "depth. A dead letter names the value at fault by its path: `items[3].qty`, "
+            '`attrs["colour"]`. Every row also '
             f"has the metadata columns {meta}, which sinks may name among their columns.",
             "",
             f"A dead letter's reason is `code: detail`, with one of the codes {codes}.",

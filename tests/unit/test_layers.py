@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "foundations",
         frozenset({"errors", "redact", "logs", "offsets", "faults", "names", "config", "committables"}),
     ),
-    ("the pipeline spec", frozenset({"avro_schema", "pipeline"})),
+    ("the pipeline spec", frozenset({"schemas", "pipeline"})),
     ("decoding", frozenset({"decoding"})),
     ("the ledger and the sources", frozenset({"ledger", "sources", "catalog"})),
     ("sinks and state", frozenset({"sinks", "state"})),
