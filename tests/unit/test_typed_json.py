@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from onceflow.decoding.records import DeadLetter, KafkaRecord, RowDecoder
 from onceflow.decoding.typed_json import MAX_OPENINGS, typed_decoder
-from onceflow.pipeline import JsonFormat
+from onceflow.pipeline import JsonFormat, nullable
+from onceflow.schemas.types import Array, Map, Primitive, SchemaType, Struct, parse_type
 
 FMT = JsonFormat(
     schema={
@@ -202,3 +203,146 @@ def test_a_float_field_parses_to_the_same_double(number: float, form: str) -> No
 @given(st.text(alphabet=' \t\n\r{}[]":,0123456789.eE+-abcnultrfsNIyidamo\\', max_size=40))
 def test_arbitrary_text_decodes_as_the_exact_decoder_decodes_it(text: str) -> None:
     assert_same(text.encode())
+
+
+# Nested documents: the typed decoder reads structs, arrays and maps of the four primitives.
+NESTED = JsonFormat(
+    schema={
+        "id": "int",
+        "items": [{"sku": "string", "qty": "int", "p": "float?"}],
+        "ctx": nullable({"ip": "string?", "flags": ["bool"]}),
+        "attrs": "map<string,float?>",
+        "grid": "array<array<int?>>?",
+        "x y": "struct<`a b`:map<string,array<string>>?>?",
+    }
+)
+
+
+def deep_bits(value: Any) -> Any:
+    """A decoded value where floats compare by their bits and dicts by their items in order, at
+    every depth."""
+    if isinstance(value, DeadLetter):
+        return ("dead", value.reason, value.offset)
+    if type(value) is float:
+        return ("float", struct.pack("<d", value))
+    if isinstance(value, dict):
+        return ("dict", [(k, deep_bits(v)) for k, v in value.items()])
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, [deep_bits(v) for v in value])
+    return (type(value).__name__, value)
+
+
+def assert_same_nested(value: bytes, fmt: JsonFormat = NESTED) -> Any:
+    typed, exact = RowDecoder(fmt, 10**7), exact_decoder(fmt)
+    assert typed._typed is not None  # the comparison is with the typed decoder, not the exact one twice
+    got = typed.decode(record(value))
+    assert deep_bits(got) == deep_bits(exact.decode(record(value))), value
+    return got
+
+
+NESTED_EDGES = [
+    b'{"id":1,"items":[{"sku":"a","qty":2,"p":1}],"ctx":{"flags":[true]},"attrs":{"k":2}}',
+    b'{"id":1,"items":[{"sku":"a","qty":1,"qty":2}],"attrs":{"k":1,"j":2,"k":3}}',
+    b'{"id":1,"items":[{"sku":"a","qty":"x","qty":2}],"attrs":{}}',
+    b'{"id":1,"items":[{"sku":"a","qty":2,"qty":"x"}],"attrs":{}}',
+    b'{"id":1,"items":[{"sku":"\\ud800","qty":1}],"attrs":{}}',
+    b'{"id":1,"items":[],"attrs":{"\\ud800":1}}',
+    b'{"id":1,"items":[],"attrs":{"a":1},"x y":{"a b":{"\\udc00":["s"]}}}',
+    b'{"id":1,"items":[{"sku":"a","qty":1,"zz":"\\ud800"}],"attrs":{}}',
+    b'{"id":1,"items":[{"sku":"a","qty":1,"p":1e400}],"attrs":{}}',
+    b'{"id":1,"items":[{"sku":"a","qty":1,"p":-0}],"attrs":{"n":-0.0,"m":12345678901234567890123}}',
+    b'{"id":1,"items":[{"sku":"a","qty":9223372036854775808}],"attrs":{}}',
+    b'{"id":1,"items":[{"sku":"a","qty":-9223372036854775808}],"attrs":{}}',
+    b'{"id":1,"items":[{"sku":"a","qty":true}],"attrs":{}}',
+    b'{"id":1,"items":[{"sku":"a","qty":1.0}],"attrs":{}}',
+    b'{"id":1,"items":[null],"attrs":{}}',
+    b'{"id":1,"items":[{"sku":"a"}],"attrs":{}}',
+    b'{"id":1,"items":[{"sku":"a","qty":1,"p":null}],"attrs":{"a":null},"grid":[[1,null],[],null]}',
+    b'{"id":1,"items":[{"sku":"a","qty":1}],"attrs":{},"grid":[[1,null],[]]}',
+    b'{"id":1,"items":[],"attrs":{},"ctx":null,"grid":null,"x y":{"a b":null}}',
+    b'{"id":1,"items":[],"attrs":{},"ctx":{"ip":null}}',
+    b'{"id":1,"items":[],"attrs":{},"ctx":{"flags":[true,null]}}',
+    b'{"id":1,"items":[],"attrs":{},"x y":{"a b":{"k":["v",1]}}}',
+    b'{"id":1,"items":[],"attrs":{},"ctx":{"flags":[]},"deep":' + b"[" * 200 + b"]" * 200 + b"}",
+    b'{"id":1,"items":[{"sku":"a","qty":1,"x":' + b"{}" * 300 + b'}],"attrs":{}}',
+    b'{"id":1,"items":{},"attrs":[]}',
+    b'{"id":1,"items":[],"attrs":{},"ctx":{"flags":[true]} }',
+    b'{"id":1,"items":[],"attrs":{"a":NaN}}',
+]
+
+
+@pytest.mark.parametrize("value", NESTED_EDGES)
+def test_a_nested_edge_case_decodes_as_the_exact_decoder_decodes_it(value: bytes) -> None:
+    assert_same_nested(value)
+
+
+def test_nested_records_are_settled_by_the_typed_decoder() -> None:
+    typed = typed_decoder([(n, *NESTED.field_type(n)) for n in NESTED.schema])
+    found = typed(
+        '{"id":7,"items":[{"qty":1,"sku":"a","p":2,"z":[1]}],"attrs":{"k":null},"ctx":{"flags":[]}}'
+    )
+    assert found == (
+        7,
+        [{"sku": "a", "qty": 1, "p": 2.0}],
+        {"ip": None, "flags": []},
+        {"k": None},
+        None,
+        None,
+    )
+    assert typed('{"id":7,"items":[{"qty":1}],"attrs":{}}') is None
+
+
+_SURROGATE_TEXT = st.sampled_from(["\ud800", "a\udfff", "\ud83d\ude00"])
+
+
+def _mostly(common: st.SearchStrategy[Any], rare: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    # (Hypothesis draws the ends of a range most often: the rare branch sits in the middle.)
+    return st.integers(0, 9).flatmap(lambda n: rare if n == 5 else common)
+
+
+def _fitting(t: SchemaType, top: bool = False) -> st.SearchStrategy[Any]:
+    """Values mostly of type ``t``, with nulls and values of any other kind mixed in at every depth
+    (``top``: always an object, the document itself)."""
+    if isinstance(t, Primitive):
+        base: st.SearchStrategy[Any] = {
+            "string": _mostly(st.text(max_size=4), _SURROGATE_TEXT),
+            "int": _mostly(
+                st.integers(-(2**63), 2**63 - 1),
+                st.integers(-(2**64), 2**64) | st.sampled_from([2**63 - 1, -(2**63), 2**63]),
+            ),
+            "float": st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**70), 2**70),
+            "bool": st.booleans(),
+        }[t.name]
+    elif isinstance(t, Struct):
+        fields = {name: _fitting(inner) for name, inner in t.fields}
+        declared = _mostly(st.fixed_dictionaries(fields), st.fixed_dictionaries({}, optional=fields))
+        extra = st.dictionaries(st.sampled_from(["zz", "é", ""]), _VALUES, max_size=1)
+        base = st.tuples(declared, extra).map(lambda parts: {**parts[0], **parts[1]})
+    elif isinstance(t, Array):
+        base = st.lists(_fitting(t.element), max_size=4)
+    else:
+        assert isinstance(t, Map)
+        base = st.dictionaries(st.text(max_size=3) | _SURROGATE_TEXT, _fitting(t.value), max_size=3)
+    if top:
+        return base
+    # Mostly a fitting value, so that many documents are whole rows; sometimes null or anything else.
+    return st.integers(0, 24).flatmap(lambda n: _VALUES if n == 7 else st.none() if n == 13 else base)
+
+
+_NESTED_DOCS = _fitting(Struct(tuple((n, parse_type(text)) for n, text in NESTED.schema.items())), top=True)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_NESTED_DOCS, st.booleans())
+def test_arbitrary_nested_documents_decode_as_the_exact_decoder_decodes_them(
+    doc: Any, ascii_only: bool
+) -> None:
+    assert_same_nested(json.dumps(doc, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass"))
+
+
+@pytest.mark.parametrize(
+    "base", ["timestamp", "decimal(5,2)", "bytes", "json", "date", "array<timestamp_ms>"]
+)
+def test_the_typed_decoder_refuses_to_be_built_for_types_it_does_not_handle(base: str) -> None:
+    with pytest.raises(ValueError, match="does not handle"):
+        typed_decoder([("a", "int", False), ("b", base, True)])

@@ -13,6 +13,7 @@ import dataclasses
 import io
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from onceflow.decoding.schema_registry import (
@@ -24,6 +25,11 @@ from onceflow.decoding.schema_registry import (
 )
 from onceflow.errors import ConfigError
 from onceflow.pipeline import AvroFormat, Pipeline
+from onceflow.schemas.avro import avro_fields
+from onceflow.schemas.types import Array, Map, SchemaType, Struct, field_path, key_path
+
+# Turns fastavro's value at a path into the row's (a uuid as its text), or refuses it with `AvroReject`.
+_Fixer = Callable[[str, Any], Any]
 
 # Parsed writer schemas by (registry's cache key, id), for this process: ids are immutable in a registry.
 _WRITERS: dict[tuple[str, int], Any] = {}
@@ -81,15 +87,16 @@ class AvroDecoder:
         # Registries that name a cache key share parsed writer schemas across this process's decoders.
         self.cache_key: str | None = getattr(registry, "cache_key", None)
         self._writers: dict[int, Any] = {}
-        columns = fmt.columns()
-        self.names = [name for name, _, _ in columns]
-        self.required = {name for name, _, nullable in columns if not nullable}
-        fields = json.loads(fmt.reader_schema or "{}")["fields"]
-        self.uuids = {f["name"] for f in fields if _is_uuid(f["type"])}
-        # fastavro rounds a decimal with more digits than its precision to that many significant digits
-        # instead of failing: such a value is caught here, or it would fail the whole task at the sink.
-        self.decimals = {f["name"]: found for f in fields if (found := _decimal(f["type"])) is not None}
-        self.reader = parse_schema(json.loads(fmt.reader_schema or "{}"))
+        fmt.columns()  # a format not pinned yet fails here, by name
+        reader_json = json.loads(fmt.reader_schema or "{}")
+        self.types: dict[str, SchemaType] = dict(avro_fields("format.reader_schema", reader_json))
+        self.names = list(self.types)
+        self.required = {name for name, t in self.types.items() if not t.nullable}
+        # What fastavro's values need before they are the row's, at any depth: a uuid's text, and a
+        # decimal's check (fastavro rounds a decimal with more digits than its precision instead of
+        # failing: such a value is caught here, or it would fail the whole task at the sink).
+        self.fixers = [_fixer(field["type"]) for field in reader_json["fields"]]
+        self.reader = parse_schema(reader_json)
         plain_writer = fmt.writer_schema or fmt.reader_schema or "{}"
         self.plain_writer = parse_schema(json.loads(plain_writer))
         self.plain_is_reader = fmt.writer_schema is None or fmt.writer_schema == fmt.reader_schema
@@ -170,13 +177,16 @@ class AvroDecoder:
         if not isinstance(record, dict):
             raise AvroReject("incompatible_schema", f"writer schema {which} does not write a record")
         values = []
-        for name in self.names:
+        for name, fixer in zip(self.names, self.fixers, strict=True):
             field = record.get(name)
-            if field is None and name in self.required:
-                raise AvroReject("null_field", f"field {name!r} is null, and the reader schema requires it")
-            if field is not None and name in self.decimals:
-                _check_decimal(name, field, *self.decimals[name])
-            values.append(str(field) if name in self.uuids and field is not None else field)
+            if field is None:
+                if name in self.required:
+                    raise AvroReject(
+                        "null_field", f"field {name!r} is null, and the reader schema requires it"
+                    )
+            elif fixer is not None:
+                field = fixer(name, field)
+            values.append(field)
         return values
 
     def _resolution_failure(self, body: bytes, writer: Any, which: str, exc: Exception) -> AvroReject:
@@ -192,11 +202,12 @@ class AvroDecoder:
                 "malformed_avro", f"writer schema {which}: body does not decode ({_short(inner)})"
             )
         if isinstance(written, dict):
-            for name in self.names:
-                if name in self.required and name in written and written[name] is None:
+            for name, t in self.types.items():
+                found = _null_at(name, written[name], t) if name in written else None
+                if found is not None:
                     return AvroReject(
                         "null_field",
-                        f"field {name!r} is null (writer schema {which}), the reader schema requires it",
+                        f"field {found!r} is null (writer schema {which}), the reader schema requires it",
                     )
         return AvroReject(
             "incompatible_schema",
@@ -204,30 +215,71 @@ class AvroDecoder:
         )
 
 
-def _decimal(avro_type: Any) -> tuple[int, int] | None:
-    """(precision, scale) of a decimal type, or of the decimal branch of a union; None otherwise."""
-    if isinstance(avro_type, list):
-        return next((found for branch in avro_type if (found := _decimal(branch)) is not None), None)
-    if isinstance(avro_type, dict) and avro_type.get("logicalType") == "decimal":
-        return int(avro_type["precision"]), int(avro_type.get("scale", 0))
+def _null_at(path: str, value: Any, t: SchemaType) -> str | None:
+    """The path of the first null the writer wrote where the reader's type ``t`` requires a value."""
+    if value is None:
+        return None if t.nullable else path
+    if isinstance(t, Struct) and isinstance(value, dict):
+        for name, inner in t.fields:
+            if name in value and (found := _null_at(field_path(path, name), value[name], inner)):
+                return found
+    elif isinstance(t, Array) and isinstance(value, list):
+        for index, item in enumerate(value):
+            if found := _null_at(f"{path}[{index}]", item, t.element):
+                return found
+    elif isinstance(t, Map) and isinstance(value, dict):
+        for key, item in value.items():
+            if found := _null_at(key_path(path, key), item, t.value):
+                return found
     return None
 
 
-def _check_decimal(name: str, value: Any, precision: int, scale: int) -> None:
+def _fixer(avro_type: Any) -> _Fixer | None:
+    """What a value of ``avro_type`` needs before it is the row's (None: nothing, the common case)."""
+    if isinstance(avro_type, list):  # ["null", T]: a null stays null
+        inner = next((f for b in avro_type if b != "null" and (f := _fixer(b)) is not None), None)
+        return None if inner is None else (lambda path, value: None if value is None else inner(path, value))
+    if not isinstance(avro_type, dict):
+        return None
+    if avro_type.get("logicalType") == "uuid":
+        return lambda path, value: str(value)
+    if avro_type.get("logicalType") == "decimal" and avro_type.get("type") in ("bytes", "fixed"):
+        precision, scale = int(avro_type["precision"]), int(avro_type.get("scale", 0))
+        return lambda path, value: _check_decimal(path, value, precision, scale)
+    kind = avro_type.get("type")
+    if kind == "record":
+        fields = [(f["name"], fixer) for f in avro_type["fields"] if (fixer := _fixer(f["type"])) is not None]
+        return None if not fields else lambda path, value: _fix_record(path, value, fields)
+    if kind == "array":
+        item = _fixer(avro_type.get("items"))
+        if item is None:
+            return None
+        return lambda path, value: [item(f"{path}[{i}]", x) for i, x in enumerate(value)]
+    if kind == "map":
+        each = _fixer(avro_type.get("values"))
+        if each is None:
+            return None
+        return lambda path, value: {k: each(key_path(path, k), x) for k, x in value.items()}
+    return None
+
+
+def _fix_record(path: str, value: dict[str, Any], fields: list[tuple[str, _Fixer]]) -> dict[str, Any]:
+    for name, fixer in fields:
+        if value.get(name) is not None:
+            value[name] = fixer(field_path(path, name), value[name])
+    return value
+
+
+def _check_decimal(path: str, value: Any, precision: int, scale: int) -> Any:
     """A decoded decimal keeps its scale as its exponent and at most ``precision`` digits, unless
     fastavro rounded an unscaled value too wide for the type (then the exponent moved)."""
     _, digits, exponent = value.as_tuple()
     if exponent != -scale or len(digits) > precision:
         raise AvroReject(
             "malformed_avro",
-            f"field {name!r}: the unscaled value has more digits than decimal({precision},{scale}) holds",
+            f"field {path!r}: the unscaled value has more digits than decimal({precision},{scale}) holds",
         )
-
-
-def _is_uuid(avro_type: Any) -> bool:
-    if isinstance(avro_type, list):
-        return any(_is_uuid(branch) for branch in avro_type)
-    return isinstance(avro_type, dict) and avro_type.get("logicalType") == "uuid"
+    return value
 
 
 # An object's repr in an exception message ("<_io.BytesIO object at 0x7f…>"): its address differs between

@@ -9,15 +9,34 @@ and a detail for the person who has to fix the producer.
 from __future__ import annotations
 
 import base64
+import binascii
+import datetime as dt
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 from onceflow.decoding.avro_records import AvroDecoder, AvroReject
 from onceflow.decoding.schema_registry import SchemaRegistry
-from onceflow.decoding.typed_json import typed_decoder
+from onceflow.decoding.typed_json import handles, typed_decoder
 from onceflow.pipeline import AvroFormat, JsonFormat, RecordFormat
+from onceflow.schemas.types import (
+    Array,
+    DecimalType,
+    Map,
+    Primitive,
+    SchemaType,
+    Struct,
+    field_path,
+    key_path,
+    parse_type,
+    primitive_names,
+    render,
+    row_type,
+    with_nullable,
+)
 
 Row = dict[str, Any]
 
@@ -189,17 +208,45 @@ def decode_records(records: Iterable[KafkaRecord], fmt: RecordFormat, max_record
     return batch
 
 
-def _check_surrogates(fields: tuple[tuple[str, str, bool, type[Any]], ...], values: list[Any]) -> None:
+# One field of a JSON format, as the exact path reads it: (name, base type text, nullable, the Python
+# type a value takes as it stands, the non-null type tree).
+_Field = tuple[str, str, bool, type[Any], SchemaType]
+
+
+def _check_surrogates(fields: tuple[_Field, ...], values: list[Any]) -> None:
     """Refuse a string that holds an unpaired surrogate (``"\\ud800"`` is valid JSON): it has no UTF-8
-    form, so every writer would fail on it, and the task with it on every replay."""
-    for (name, _, _, _), value in zip(fields, values, strict=False):
-        if type(value) is str:
+    form, so every writer would fail on it, and the task with it on every replay. Nested values are
+    walked to their strings and map keys, each named by its path."""
+    for (name, _, _, _, kind), value in zip(fields, values, strict=False):
+        _check_strings(name, value, kind)
+
+
+def _check_strings(path: str, value: Any, t: SchemaType) -> None:
+    if value is None:
+        return
+    if type(value) is str:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _Reject(
+                "not_utf8", f"field {path!r} holds an unpaired surrogate escape, which has no UTF-8 form"
+            ) from exc
+    elif isinstance(t, Struct):
+        for name, inner in t.fields:
+            _check_strings(field_path(path, name), value[name], inner)
+    elif isinstance(t, Array):
+        for index, item in enumerate(value):
+            _check_strings(f"{path}[{index}]", item, t.element)
+    elif isinstance(t, Map):
+        for key, item in value.items():
             try:
-                value.encode("utf-8")
+                key.encode("utf-8")
             except UnicodeEncodeError as exc:
                 raise _Reject(
-                    "not_utf8", f"field {name!r} holds an unpaired surrogate escape, which has no UTF-8 form"
+                    "not_utf8",
+                    f"field {path!r} has a key with an unpaired surrogate escape, which has no UTF-8 form",
                 ) from exc
+            _check_strings(key_path(path, key), item, t.value)
 
 
 class RowDecoder:
@@ -218,9 +265,9 @@ class RowDecoder:
         self.fmt = fmt
         self.max_record_bytes = max_record_bytes
         self.columns: tuple[str, ...] = tuple(name for name, _, _ in row_columns(fmt))
-        self._fields: tuple[tuple[str, str, bool, type[Any]], ...] = (
+        self._fields: tuple[_Field, ...] = (
             tuple(
-                (name, base, nullable, _PYTHON_TYPES[base])
+                (name, base, nullable, _PYTHON_TYPES.get(base, _Unmatched), parse_type(base))
                 for name in fmt.schema
                 for base, nullable in [fmt.field_type(name)]
             )
@@ -228,12 +275,16 @@ class RowDecoder:
             else ()
         )
         self._key_field = fmt.key_field if isinstance(fmt, JsonFormat | AvroFormat) else None
-        # Most records are settled by one typed parse; the rest by the exact path below it.
+        # Most records are settled by one typed parse; the rest by the exact path below it. A format
+        # with a type the typed decoder cannot prove equal (time, decimal, ...) takes the exact path.
         self._typed = (
-            typed_decoder([(name, base, nullable) for name, base, nullable, _ in self._fields])
-            if isinstance(fmt, JsonFormat)
+            typed_decoder([(name, base, nullable) for name, base, nullable, _, _ in self._fields])
+            if isinstance(fmt, JsonFormat) and all(handles(kind) for *_, kind in self._fields)
             else None
         )
+        # A decimal must not pass through a double: such a format parses JSON fractions as Decimal.
+        exact_numbers = any("decimal" in primitive_names(kind) for *_, kind in self._fields)
+        self._json = _JSON_DECIMAL if exact_numbers else _JSON
         # Avro values go to fastavro; ``registry`` resolves writer schema ids (wire="registry").
         self._avro = AvroDecoder(fmt, registry) if isinstance(fmt, AvroFormat) else None
         self.dead_letters = 0  # letters made so far: past DEAD_LETTERS_WITH_PAYLOAD they keep no bytes
@@ -307,7 +358,7 @@ class RowDecoder:
             raise _Reject("null_value", "record has no value (a tombstone?)")
         text = _utf8(record.value, "value")
         try:
-            document: Any = _json_document(text)
+            document: Any = _json_document(text, self._json)
         except ValueError as exc:
             raise _Reject("malformed_json", str(exc)) from exc
         except RecursionError as exc:
@@ -315,7 +366,7 @@ class RowDecoder:
         if type(document) is not dict:
             raise _Reject("not_object", f"expected a JSON object, found {_json_type(document)}")
         values: list[Any] = []
-        for name, base, nullable, python_type in self._fields:
+        for name, base, nullable, python_type, kind in self._fields:
             value: Any = document.get(name)
             if type(value) is python_type and (python_type is not int or _INT64_MIN <= value <= _INT64_MAX):
                 values.append(value)
@@ -326,7 +377,7 @@ class RowDecoder:
                     raise _Reject("wrong_type", f"field {name!r}: expected {base}, found null")
                 values.append(None)
             else:
-                values.append(_convert(name, value, base))
+                values.append(_convert(name, value, kind))
         # An escaped surrogate: is every string still UTF-8? (Most records have no escape at all.)
         if "\\u" in text and ("\\ud" in text or "\\uD" in text):
             _check_surrogates(self._fields, values)
@@ -349,6 +400,11 @@ class RowDecoder:
 _PYTHON_TYPES: dict[str, type[Any]] = {"string": str, "int": int, "float": float, "bool": bool}
 
 
+class _Unmatched:
+    """The "Python type" of a field whose values always need converting (time, decimal, nested, ...):
+    no JSON value has it, so such a field always goes to `_convert`."""
+
+
 def _utf8(data: bytes, what: str) -> str:
     try:
         return data.decode("utf-8")
@@ -363,34 +419,278 @@ def _reject_constant(name: str) -> Any:
 # One decoder for every record: json.loads with an argument would build a new one per call.
 _JSON = json.JSONDecoder(parse_constant=_reject_constant)
 _SCAN = _JSON.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__; not in the stubs
+# For formats with a decimal: fractions as the exact Decimal of their text (a double field converts it,
+# to the same double `float(text)` gives).
+_JSON_DECIMAL = json.JSONDecoder(parse_constant=_reject_constant, parse_float=Decimal)
 
 
-def _json_document(text: str) -> Any:
-    """``_JSON.decode(text)``, the scanner alone where the text is one value with nothing around it. The
-    decoder matches a whitespace pattern before and after the value, which took a third as long as
+def _json_document(text: str, decoder: json.JSONDecoder = _JSON) -> Any:
+    """``decoder.decode(text)``, the scanner alone where the text is one value with nothing around it.
+    The decoder matches a whitespace pattern before and after the value, which took a third as long as
     the parse itself for a 200-byte record. Anything else (whitespace around the value, extra data, no
     value) goes to the decoder, so that the answer and its error message are the module's own."""
+    scan = _SCAN if decoder is _JSON else decoder.scan_once  # type: ignore[attr-defined]
     try:
-        document, end = _SCAN(text, 0)
+        document, end = scan(text, 0)
     except StopIteration:
-        return _JSON.decode(text)
-    return document if end == len(text) else _JSON.decode(text)
+        return decoder.decode(text)
+    return document if end == len(text) else decoder.decode(text)
 
 
-def _convert(name: str, value: Any, expected: str) -> Any:
-    """A value whose type is not exactly the expected one: converted where JSON allows (int as float),
-    otherwise the `_Reject` that says what was found."""
-    found = _json_type(value)
-    if expected == "int" and found == "int":
-        raise _Reject("wrong_type", f"field {name!r}: expected int, found {value} beyond 64 bits")
-    if expected == "float" and found == "int":
+def _convert(path: str, value: Any, t: SchemaType) -> Any:
+    """A non-null value whose type is not exactly the expected one's Python type, as the row holds it:
+    converted where the type allows (an int as a float, a text as a date, an object as a struct, ...),
+    otherwise the `_Reject` that says what was found, at the field's path (``items[3].qty``,
+    ``attrs["colour"]``). The type's own nullability is ignored: the caller has settled null."""
+    if isinstance(t, Primitive):
+        return _PRIMITIVE_CONVERTERS[t.name](path, value)
+    if isinstance(t, DecimalType):
+        return _decimal(path, value, t)
+    if isinstance(t, Struct):
+        return _struct(path, value, t)
+    if isinstance(t, Array):
+        return _array(path, value, t)
+    return _map(path, value, t)
+
+
+def _wrong(path: str, t: SchemaType | str, found: str) -> _Reject:
+    expected = t if isinstance(t, str) else render(with_nullable(t, False))
+    return _Reject("wrong_type", f"field {path!r}: expected {expected}, found {found}")
+
+
+def _as_it_stands(item: Any, t: SchemaType) -> bool:
+    """Whether ``item`` is already the row's value for ``t`` (a string, an int within 64 bits, ...), so
+    that the common values inside nested data need no path and no conversion."""
+    python_type = _PYTHON_TYPES.get(t.name) if type(t) is Primitive else None
+    return (
+        python_type is not None
+        and type(item) is python_type
+        and (python_type is not int or _INT64_MIN <= item <= _INT64_MAX)
+    )
+
+
+def _value_at(path: str, item: Any, t: SchemaType) -> Any:
+    """A value inside a struct, array or map that is not as it stands: null where ``t`` allows it,
+    else converted (or refused, naming ``path``)."""
+    if item is None:
+        if not t.nullable:
+            raise _wrong(path, t, "null")
+        return None
+    return _convert(path, item, t)
+
+
+def _struct(path: str, value: Any, t: Struct) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise _wrong(path, t, _json_type(value))
+    out: dict[str, Any] = {}
+    for name, inner in t.fields:
+        item = value.get(name)
+        if _as_it_stands(item, inner):
+            out[name] = item
+        elif item is None and not inner.nullable and name not in value:
+            where, declared = field_path(path, name), render(with_nullable(inner, False))
+            raise _Reject("missing_field", f"field {where!r} ({declared}) is missing")
+        else:
+            out[name] = _value_at(field_path(path, name), item, inner)
+    return out
+
+
+def _array(path: str, value: Any, t: Array) -> list[Any]:
+    if type(value) is not list:
+        raise _wrong(path, t, _json_type(value))
+    element = t.element
+    return [
+        item if _as_it_stands(item, element) else _value_at(f"{path}[{index}]", item, element)
+        for index, item in enumerate(value)
+    ]
+
+
+def _map(path: str, value: Any, t: Map) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise _wrong(path, t, _json_type(value))
+    inner = t.value
+    return {
+        key: item if _as_it_stands(item, inner) else _value_at(key_path(path, key), item, inner)
+        for key, item in value.items()
+    }
+
+
+def _string(path: str, value: Any) -> str:
+    if type(value) is str:
+        return value
+    raise _wrong(path, "string", _json_type(value))
+
+
+def _int(path: str, value: Any) -> int:
+    if type(value) is int:
+        if _INT64_MIN <= value <= _INT64_MAX:
+            return value
+        raise _wrong(path, "int", f"{value} beyond 64 bits")
+    raise _wrong(path, "int", _json_type(value))
+
+
+def _float(path: str, value: Any) -> float:
+    if type(value) is float:
+        return value
+    if type(value) is int or type(value) is Decimal:  # Decimal: a fraction, in a format with decimals
         try:
             return float(value)
         except OverflowError as exc:
-            raise _Reject(
-                "wrong_type", f"field {name!r}: expected float, found an int beyond its range"
-            ) from exc
-    raise _Reject("wrong_type", f"field {name!r}: expected {expected}, found {found}")
+            raise _wrong(path, "float", "an int beyond its range") from exc
+    raise _wrong(path, "float", _json_type(value))
+
+
+def _bool(path: str, value: Any) -> bool:
+    if type(value) is bool:
+        return value
+    raise _wrong(path, "bool", _json_type(value))
+
+
+def _bytes(path: str, value: Any) -> bytes:
+    if type(value) is not str:
+        raise _wrong(path, "bytes", _json_type(value))
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _wrong(path, "bytes", "text that is not base64") from exc
+
+
+_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
+_TIMESTAMP = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]+))?)?"
+    r"(?:([Zz])|([+-])([0-9]{2}):?([0-9]{2}))?"
+)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _date(path: str, value: Any) -> dt.date:
+    if type(value) is not str:
+        raise _wrong(path, "date", _json_type(value))
+    found = _DATE.fullmatch(value)
+    if found is None:
+        raise _wrong(path, "date", "text that is not an ISO date YYYY-MM-DD")
+    try:
+        return dt.date(int(found[1]), int(found[2]), int(found[3]))
+    except ValueError as exc:
+        raise _wrong(path, "date", "a date that does not exist") from exc
+
+
+def _timestamp(path: str, value: Any) -> dt.datetime:
+    """ISO-8601 text with its UTC offset (or ``Z``), to microseconds: a time without an offset could
+    be any instant, and digits past the microsecond would be lost, so both are refused, not guessed."""
+    if type(value) is not str:
+        raise _wrong(path, "timestamp", _json_type(value))
+    found = _TIMESTAMP.fullmatch(value)
+    if found is None:
+        raise _wrong(path, "timestamp", "text that is not an ISO-8601 timestamp")
+    year, month, day, hour, minute, second, fraction, zulu, sign, off_h, off_m = found.groups()
+    if zulu is None and sign is None:
+        raise _wrong(path, "timestamp", "text without a UTC offset (it needs Z or +HH:MM)")
+    fraction = fraction or ""
+    if fraction[6:].strip("0"):
+        raise _wrong(path, "timestamp", "digits past the microsecond")
+    try:
+        offset = dt.timedelta(hours=int(off_h or 0), minutes=int(off_m or 0))
+        zone = dt.timezone(-offset if sign == "-" else offset)
+        at = dt.datetime(
+            int(year),
+            int(month),
+            int(day),
+            int(hour),
+            int(minute),
+            int(second or 0),
+            int(fraction[:6].ljust(6, "0")),
+            tzinfo=zone,
+        )
+    except ValueError as exc:
+        raise _wrong(path, "timestamp", "a date, time or offset that does not exist") from exc
+    try:
+        return at.astimezone(dt.UTC)
+    except OverflowError as exc:
+        raise _wrong(path, "timestamp", "an instant beyond years 1-9999 in UTC") from exc
+
+
+def _epoch(unit: str, per_unit: int) -> Callable[[str, Any], dt.datetime]:
+    def convert(path: str, value: Any) -> dt.datetime:
+        if type(value) is not int:
+            raise _wrong(path, unit, _json_type(value))
+        try:
+            return _EPOCH + dt.timedelta(microseconds=value * per_unit)
+        except OverflowError as exc:
+            raise _wrong(path, unit, "an int beyond years 1-9999") from exc
+
+    return convert
+
+
+def _json_text(path: str, value: Any) -> str:
+    """Any JSON value as its canonical text (sorted keys, no spaces, UTF-8 as it is)."""
+    try:
+        return json.dumps(
+            value,
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+            default=_plain_number,
+        )
+    except ValueError as exc:  # 1e400 reads as an infinity, which JSON text cannot hold
+        raise _wrong(path, "json", "a number beyond the double range") from exc
+    except RecursionError as exc:
+        raise _wrong(path, "json", "a value nested too deeply to write") from exc
+
+
+def _plain_number(value: Any) -> Any:
+    """A Decimal (a fraction read by a format with decimals) as the double a json value holds."""
+    if type(value) is Decimal:
+        return float(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+_DECIMAL_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def _decimal(path: str, value: Any, t: DecimalType) -> Decimal:
+    """A JSON number or numeric text as a decimal of ``t``'s scale, exactly. A value that needs more
+    digits after the point than the scale, or more before it than precision - scale, is refused, not
+    rounded: rounding would change an amount without anyone seeing it."""
+    numeric = type(value) is int or type(value) is Decimal
+    if numeric or (type(value) is str and _DECIMAL_TEXT.fullmatch(value)):
+        number = Decimal(value)
+    elif type(value) is str:
+        raise _wrong(path, t, "text that is not a number")
+    else:
+        raise _wrong(path, t, _json_type(value))
+    sign, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)  # finite: the JSON grammar and the pattern have no NaN
+    significant = len(digits)
+    while significant > 1 and digits[significant - 1] == 0:
+        significant -= 1
+    exponent += len(digits) - significant
+    digits = digits[:significant]
+    if digits == (0,):
+        return Decimal((0, (0,), -t.scale))
+    after_point = max(0, -exponent)
+    if after_point > t.scale:
+        raise _wrong(path, t, f"a number with {after_point} digits after the point")
+    before_point = max(0, len(digits) + exponent)
+    if before_point > t.precision - t.scale:
+        raise _wrong(path, t, f"a number with {before_point} digits before the point")
+    return Decimal((sign, digits + (0,) * (exponent + t.scale), -t.scale))
+
+
+_PRIMITIVE_CONVERTERS: dict[str, Callable[[str, Any], Any]] = {
+    "string": _string,
+    "int": _int,
+    "int32": _int,
+    "float": _float,
+    "bool": _bool,
+    "bytes": _bytes,
+    "date": _date,
+    "timestamp": _timestamp,
+    "timestamp_ms": _epoch("timestamp_ms", 1000),
+    "timestamp_us": _epoch("timestamp_us", 1),
+    "json": _json_text,
+}
 
 
 def _json_type(value: Any) -> str:
@@ -400,7 +700,7 @@ def _json_type(value: Any) -> str:
         return "bool"
     if isinstance(value, int):
         return "int"
-    if isinstance(value, float):
+    if isinstance(value, float | Decimal):
         return "float"
     if isinstance(value, str):
         return "string"
@@ -412,14 +712,16 @@ def _json_type(value: Any) -> str:
 def row_columns(fmt: RecordFormat) -> list[tuple[str, str, bool]]:
     """(name, type, nullable) of the rows `decode_record` yields for ``fmt``, in order.
 
-    Types are the schema's ("string", "int", "float", "bool") plus "bytes" for raw keys and values, and
-    for Avro "bytes", "timestamp" (UTC, microseconds), "date" and "decimal(p,s)" (`onceflow.avro_schema`).
+    Types are canonical texts of `onceflow.schemas.types`: the schema's (JSON's epoch spellings
+    ``timestamp_ms``/``timestamp_us`` as "timestamp"), or the reader schema's (`onceflow.schemas.avro`),
+    "bytes" for raw keys and values, and "int32" for the partition. A nested column's text holds its
+    fields' and elements' own nullability, e.g. ``array<struct<sku:string,qty:int?>>``.
     """
     columns: list[tuple[str, str, bool]] = []
     if isinstance(fmt, JsonFormat):
         for name in fmt.schema:
             expected, nullable = fmt.field_type(name)
-            columns.append((name, expected, nullable))
+            columns.append((name, render(row_type(parse_type(expected))), nullable))
         if fmt.key_field is not None:
             columns.append((fmt.key_field, "string", False))
     elif isinstance(fmt, AvroFormat):
@@ -438,29 +740,45 @@ def row_columns(fmt: RecordFormat) -> list[tuple[str, str, bool]]:
 
 
 def spark_schema(fmt: RecordFormat) -> Any:
-    """The Spark StructType of the rows `decode_record` yields for ``fmt`` (imports PySpark lazily)."""
+    """The Spark StructType of the rows `decode_record` yields for ``fmt`` (imports PySpark lazily):
+    nested types with each field's, element's and value's nullability, so that
+    ``spark.createDataFrame(rows, spark_schema(fmt))`` takes the decoded rows as they are."""
     from pyspark.sql import types as T
 
-    spark_types = {
-        "string": T.StringType(),
-        "int": T.LongType(),
-        "int32": T.IntegerType(),
-        "float": T.DoubleType(),
-        "bool": T.BooleanType(),
-        "bytes": T.BinaryType(),
-        "timestamp": T.TimestampType(),
-        "date": T.DateType(),
-    }
     return T.StructType(
-        [T.StructField(n, _spark_type(T, spark_types, t), nullable) for n, t, nullable in row_columns(fmt)]
+        [
+            T.StructField(name, spark_type(parse_type(text)), nullable)
+            for name, text, nullable in row_columns(fmt)
+        ]
     )
 
 
-def _spark_type(T: Any, simple: dict[str, Any], type_name: str) -> Any:
-    if type_name.startswith("decimal("):
-        precision, scale = decimal_parts(type_name)
-        return T.DecimalType(precision, scale)
-    return simple[type_name]
+def spark_type(t: SchemaType) -> Any:
+    """The Spark type of a row type (its own nullability is the caller's: a field's or an element's)."""
+    from pyspark.sql import types as T
+
+    if isinstance(t, Primitive):
+        simple = {
+            "string": T.StringType,
+            "int": T.LongType,
+            "int32": T.IntegerType,
+            "float": T.DoubleType,
+            "bool": T.BooleanType,
+            "bytes": T.BinaryType,
+            "timestamp": T.TimestampType,
+            "timestamp_ms": T.TimestampType,
+            "timestamp_us": T.TimestampType,
+            "date": T.DateType,
+            "json": T.StringType,  # canonical JSON text
+        }
+        return simple[t.name]()
+    if isinstance(t, DecimalType):
+        return T.DecimalType(t.precision, t.scale)
+    if isinstance(t, Struct):
+        return T.StructType([T.StructField(n, spark_type(f), f.nullable) for n, f in t.fields])
+    if isinstance(t, Array):
+        return T.ArrayType(spark_type(t.element), containsNull=t.element.nullable)
+    return T.MapType(T.StringType(), spark_type(t.value), valueContainsNull=t.value.nullable)
 
 
 def decimal_parts(type_name: str) -> tuple[int, int]:
