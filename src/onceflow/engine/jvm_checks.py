@@ -11,6 +11,7 @@ read, so that the slice reads on the Python path instead (`onceflow.engine.read_
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +22,19 @@ from onceflow.executor.rejected import RAW_COLUMNS
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import AvroFormat, JsonFormat
+from onceflow.schemas.types import (
+    Array,
+    DecimalType,
+    Map,
+    Primitive,
+    SchemaType,
+    Struct,
+    parse_type,
+    render,
+    struct_fields,
+    walk,
+    with_nullable,
+)
 from onceflow.sources.kafka_planning import ReadTask
 
 # A JSON value is accepted in the JVM only as the first element of ``[value,{"\u0001":1}]`` with the
@@ -46,8 +60,14 @@ _JSON_OPTIONS = {
 
 def reserved_field_name(fmt: JsonFormat) -> bool:
     """Whether a field name of ``fmt`` holds the character the JSON checks reserve for their sentinel:
-    such a schema cannot be checked in the JVM, so it is read in Python."""
-    return any(_SENTINEL in name for name, _, _ in row_columns(fmt))
+    such a schema cannot be checked in the JVM, so it is read in Python. Nested struct fields count too."""
+    nested = (
+        name
+        for declared in fmt.schema.values()
+        for inner in walk(parse_type(declared))
+        for name, _ in struct_fields(inner)
+    )
+    return any(_SENTINEL in name for name in itertools.chain((n for n, _, _ in row_columns(fmt)), nested))
 
 
 def slice_ranges(ref: SliceRef, tasks: Sequence[ReadTask]) -> list[OffsetRange]:
@@ -143,18 +163,13 @@ def json_accepted(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
         return within, [c.alias(f"_v{i}") for i, c in enumerate([key, value, *meta])]
 
     text = value.cast("string")
-    typed_fields, element_fields = [], [T.StructField(_SENTINEL, T.LongType())]
-    spark_types = {
-        "string": T.StringType(),
-        "int": T.LongType(),
-        "float": T.DoubleType(),
-        "bool": T.BooleanType(),
-    }
-    for name in fmt.schema:
-        base, _ = fmt.field_type(name)
-        typed_fields.append(T.StructField(name, spark_types[base]))
-        if base == "string":
-            element_fields.append(T.StructField(name, T.VariantType()))
+    fields = [(name, parse_type(fmt.schema[name])) for name in fmt.schema]
+    typed_fields = [T.StructField(name, _typed_type(T, t)) for name, t in fields]
+    # The string values again, as Variants: from_json would give the text of a number or an object
+    # declared a string; a Variant tells what the JSON value was.
+    element_fields = [T.StructField(_SENTINEL, T.LongType())] + [
+        T.StructField(name, _shape_type(T, t)) for name, t in fields if _has_strings(t)
+    ]
     typed_schema = T.StructType([*typed_fields, T.StructField(_CORRUPT, T.StringType())])
     # The whole value, strictly: exactly one JSON object, then only whitespace.
     shape = F.from_json(
@@ -174,19 +189,88 @@ def json_accepted(fmt: Any, max_record_bytes: int) -> tuple[Any, list[Any]]:
         typed[_CORRUPT].isNull(),
     ]
     values = []
-    for name in fmt.schema:
-        base, nullable = fmt.field_type(name)
-        field = typed[name]
-        if base == "float":
-            present = field.isNotNull() & ~F.isnan(field) & (F.abs(field) != F.lit(float("inf")))
-        elif base == "string":
-            present = field.isNotNull() & (F.schema_of_variant(shape[0][name]) == F.lit("STRING"))
-        else:
-            present = field.isNotNull()
+    for name, t in fields:
         # A null from a parse without failure is a missing field or a JSON null: a row only if nullable.
-        checks.append(present | field.isNull() if nullable else present)
-        values.append(field)
+        checks.append(_conforms(typed[name], shape[0][name] if _has_strings(t) else None, t))
+        values.append(typed[name])
     return json_row(fmt, checks, values)
+
+
+# The declared types the JVM decodes itself, at any depth of structs, arrays and maps; a format with any
+# other (timestamps, dates, decimals, bytes, json) is read in Python (`jvm_decodable`).
+_JVM_SCALARS = frozenset({"string", "int", "float", "bool"})
+
+
+def jvm_decodable(fmt: JsonFormat) -> str | None:
+    """None when the JVM checks can decode every field of ``fmt``; else the type that keeps it in
+    Python, for the read's reason."""
+    for name in fmt.schema:
+        for inner in walk(parse_type(fmt.schema[name])):
+            if isinstance(inner, DecimalType) or (
+                isinstance(inner, Primitive) and inner.name not in _JVM_SCALARS
+            ):
+                return render(with_nullable(inner, False))
+    return None
+
+
+def _typed_type(T: Any, t: SchemaType) -> Any:
+    """The Spark type ``from_json`` reads a declared type as (every part nullable: the checks, not
+    the parse, decide what may be null)."""
+    if isinstance(t, Struct):
+        return T.StructType([T.StructField(n, _typed_type(T, f)) for n, f in t.fields])
+    if isinstance(t, Array):
+        return T.ArrayType(_typed_type(T, t.element))
+    if isinstance(t, Map):
+        return T.MapType(T.StringType(), _typed_type(T, t.value))
+    scalar = t.name if isinstance(t, Primitive) else ""
+    return {"string": T.StringType(), "int": T.LongType(), "float": T.DoubleType(), "bool": T.BooleanType()}[
+        scalar
+    ]
+
+
+def _has_strings(t: SchemaType) -> bool:
+    return any(isinstance(inner, Primitive) and inner.name == "string" for inner in walk(t))
+
+
+def _shape_type(T: Any, t: SchemaType) -> Any:
+    """The part of a type that holds strings, with each string a Variant (``_has_strings(t)``)."""
+    if isinstance(t, Struct):
+        return T.StructType([T.StructField(n, _shape_type(T, f)) for n, f in t.fields if _has_strings(f)])
+    if isinstance(t, Array):
+        return T.ArrayType(_shape_type(T, t.element))
+    if isinstance(t, Map):
+        return T.MapType(T.StringType(), _shape_type(T, t.value))
+    return T.VariantType()
+
+
+def _conforms(typed: Any, shape: Any, t: SchemaType) -> Any:
+    """Whether a parsed value is what Python makes of it for type ``t``: null only where nullable (a
+    missing field or a JSON null), floats finite, strings JSON strings (``shape``: the same value as
+    `_shape_type` reads it, None when ``t`` holds no string), and so on inside structs, arrays and
+    maps. Never null: a check that cannot tell is False, and the record goes to Python."""
+    from pyspark.sql import functions as F
+
+    if isinstance(t, Struct):
+        inner = F.lit(True)
+        for name, field in t.fields:
+            inner = inner & _conforms(typed[name], shape[name] if _has_strings(field) else None, field)
+    elif isinstance(t, Array | Map):
+        element = t.element if isinstance(t, Array) else t.value
+        items = typed if isinstance(t, Array) else F.map_values(typed)
+        if shape is None:
+            inner = F.forall(items, lambda x: _conforms(x, None, element))
+        else:
+            shapes = shape if isinstance(t, Array) else F.map_values(shape)
+            oks = F.zip_with(items, shapes, lambda x, s: _conforms(x, s, element))
+            inner = F.forall(oks, lambda ok: ok)
+    elif isinstance(t, Primitive) and t.name == "float":
+        inner = ~F.isnan(typed) & (F.abs(typed) != F.lit(float("inf")))
+    elif isinstance(t, Primitive) and t.name == "string":
+        inner = F.schema_of_variant(shape) == F.lit("STRING")
+    else:
+        inner = F.lit(True)
+    present = typed.isNotNull() & F.coalesce(inner, F.lit(False))
+    return (typed.isNull() | present) if t.nullable else present
 
 
 def json_row(fmt: JsonFormat, checks: list[Any], values: list[Any]) -> tuple[Any, list[Any]]:

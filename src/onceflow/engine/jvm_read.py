@@ -160,7 +160,7 @@ def jvm_read(
     python, jvm = F.col("_python"), F.col("_accepted")
     frame = with_python.select(
         *(
-            F.when(jvm, F.col(f"_v{i}").cast(f.dataType)).otherwise(python[f.name]).alias(f.name)
+            F.when(jvm, F.col(f"_v{i}").cast(_nullable(f.dataType))).otherwise(python[f.name]).alias(f.name)
             for i, f in enumerate(schema.fields[:-1])
         ),
         F.when(jvm, F.lit(None).cast("string"))
@@ -168,6 +168,22 @@ def jvm_read(
         .alias(DEAD_LETTER_COLUMN),
     )
     return frame, checked
+
+
+def _nullable(data_type: Any) -> Any:
+    """``data_type`` with every part nullable: ``from_json`` gives nested values that may be null
+    whatever the schema says, and Spark casts a nullable part to a non-nullable one only by refusing.
+    (The checks saw that the accepted values have no null where the schema has none; the column
+    itself is nullable at the top as it always was.)"""
+    from pyspark.sql import types as T
+
+    if isinstance(data_type, T.StructType):
+        return T.StructType([T.StructField(f.name, _nullable(f.dataType), True) for f in data_type.fields])
+    if isinstance(data_type, T.ArrayType):
+        return T.ArrayType(_nullable(data_type.elementType), True)
+    if isinstance(data_type, T.MapType):
+        return T.MapType(data_type.keyType, _nullable(data_type.valueType), True)
+    return data_type
 
 
 def _rejected_udf(ref: SliceRef, schema: Any) -> Any:

@@ -5,7 +5,9 @@ good. The Python path when a fault plan is armed (crash and pause points such as
 in the Python reader), when the session cannot load Spark's Kafka source (a spark-submit driver without
 its jar), for a schema whose field names contain the control character the JVM checks reserve, and for
 Avro when the session has no spark-avro or no writer schema of the slice can be decoded in the JVM.
-JSON reads in Python unless the settings choose the JVM (`Settings.json_read`).
+JSON reads in Python unless the settings choose the JVM (`Settings.json_read`), and also where the
+schema has a timestamp, date, decimal, bytes or json field (the JVM checks decode structs, arrays and
+maps of strings, ints, floats and bools).
 
 The reason travels with the read, so the slice's log says which path it took and why.
 """
@@ -20,6 +22,7 @@ from onceflow.decoding.avro_records import registry_for
 from onceflow.engine.jvm_avro import WriterPlan, writer_plans
 from onceflow.engine.jvm_checks import (
     avro_functions_missing,
+    jvm_decodable,
     kafka_source_missing,
     reserved_field_name,
     slice_ranges,
@@ -63,6 +66,8 @@ def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Decode
         reason = "ONCEFLOW_JSON_READ=python, the default"
     elif isinstance(fmt, JsonFormat) and reserved_field_name(fmt):
         reason = "a schema field name holds U+0001"
+    elif isinstance(fmt, JsonFormat) and (kept := jvm_decodable(fmt)) is not None:
+        reason = f"the schema has a field of type {kept}, which the JVM checks do not decode"
     elif isinstance(fmt, AvroFormat):
         registry = registry_for(ref.settings.schema_registry_url) if fmt.wire == "registry" else None
         topics = sorted({r.topic for r in ref.slice_ranges})
