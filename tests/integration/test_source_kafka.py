@@ -86,9 +86,15 @@ def test_reads_committed_records_only_and_stops_on_position(
     writer.transaction(b"c0", b"c1", b"c2")
     writer.transaction(b"a0", b"a1", commit=False)
     writer.transaction(b"d0", b"d1")
+    # Three commit/abort markers occupy offsets that are never delivered. A commit returns once the
+    # transaction is decided; its marker reaches the partition a moment later, so wait for that.
+    expected = len(writer.offsets) + 3
+    deadline = time.monotonic() + 15
     [part] = metadata.partitions([topic])
-    # Three commit/abort markers occupy offsets that are never delivered.
-    assert part.stable == len(writer.offsets) + 3
+    while part.stable < expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+        [part] = metadata.partitions([topic])
+    assert part.stable == expected
 
     everything = list(read_range(bootstrap, OffsetRange(topic, 0, 0, part.stable)))
     assert values(everything) == [b"c0", b"c1", b"c2", b"d0", b"d1"]
