@@ -345,9 +345,23 @@ class RawFormat:
 RecordFormat: TypeAlias = JsonFormat | AvroFormat | RawFormat
 
 
+# A state key: a column, or a nested field by its path of names (a name in backquotes may hold anything
+# but a backquote, as Spark reads it).
+_KEY_PATH = re.compile(r"^(?:[^.`]+|`[^`]+`)(?:\.(?:[^.`]+|`[^`]+`))*$")
+_KEY_PART = re.compile(r"[^.`]+|`[^`]+`")
+
+
+def key_column(key: str) -> str:
+    """The column a state key gives: its last field's name (``ctx.ip`` -> ``ip``, ```a.b``` -> ``a.b``)."""
+    parts: list[str] = _KEY_PART.findall(key)
+    return parts[-1].strip("`")
+
+
 @dataclass(frozen=True)
 class StateSpec:
     """Keyed state: the transform's rows are grouped by ``keys`` and ``column`` is folded with ``reducer``.
+
+    A key is a column or a nested field by its path (``ctx.ip``; `key_columns` names its column).
 
     State after epoch n = the committed state of epoch n-1 folded with epoch n's rows. The sinks receive,
     for every key the epoch touched, the keys and the new folded value (in column ``output``, by default
@@ -374,6 +388,18 @@ class StateSpec:
         if len(set(keys)) != len(keys):
             raise _fail("state.keys", list(keys), "a key column is listed more than once")
         object.__setattr__(self, "keys", keys)
+        for key in keys:
+            if not _KEY_PATH.match(key):
+                raise _fail(
+                    "state.keys", key, "expected a column, or a nested field as its path (ctx.ip, `a.b`)"
+                )
+        named = [key_column(key) for key in keys]
+        if len(set(named)) != len(named):
+            raise _fail(
+                "state.keys",
+                list(keys),
+                f"two keys give one column name ({named}); alias one in the transform",
+            )
         if self.reducer not in BUILTIN_REDUCERS:
             raise _fail("state.reducer", self.reducer, f"expected one of {BUILTIN_REDUCERS}")
         if self.column is None and self.reducer != "count":
@@ -382,8 +408,14 @@ class StateSpec:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise _fail(f"state.{name}", value, "expected a non-empty string")
-        if self.value_column in keys:
+        if self.value_column in self.key_columns:
             raise _fail("state.output", self.value_column, "the folded value's column collides with a key")
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """The key columns the state and the sinks' rows carry: a nested key (``ctx.ip``) is named by
+        its last field (``ip``), as Spark names ``select("ctx.ip")``."""
+        return tuple(key_column(key) for key in self.keys)
 
     @property
     def value_column(self) -> str:

@@ -199,3 +199,15 @@ def test_a_spec_can_be_derived_with_dataclasses_replace() -> None:
     spec = make(sinks=[SinkSpec("pg", "postgres", {"table": "t", "columns": {"id": "bigint"}})])
     derived = replace(spec, name="other", sinks=(replace(spec.sinks[0], name="pg2"),))
     assert derived.sinks[0].config == spec.sinks[0].config and derived.name == "other"
+
+
+def test_state_keys_may_be_nested_fields_named_by_their_last_field() -> None:
+    state = StateSpec(keys=("ctx.ip", "region", "`a.b`.c", "`x.y`"), reducer="count")
+    assert state.key_columns == ("ip", "region", "c", "x.y")
+    with pytest.raises(ConfigError, match=r"two keys give one column name \(\['id', 'id'\]\)"):
+        StateSpec(keys=("a.id", "b.id"), reducer="count")
+    for bad in ("ctx.", ".ip", "a..b", "`a"):
+        with pytest.raises(ConfigError, match="a nested field as its path"):
+            StateSpec(keys=(bad,), reducer="count")
+    with pytest.raises(ConfigError, match="collides with a key"):
+        StateSpec(keys=("ctx.qty",), reducer="sum", column="qty")

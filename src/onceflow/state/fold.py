@@ -41,22 +41,41 @@ def _merge(state: StateSpec, previous: Any, delta: Any) -> Any:
 
 
 def fold_epoch(spark: Any, state: StateSpec, rows: Any, snapshot_files: list[Path]) -> tuple[Any, Any]:
-    """(touched, snapshot): the new value of every key epoch n touched, and the whole new state."""
+    """(touched, snapshot): the new value of every key epoch n touched, and the whole new state.
+
+    Keys that are nested fields (``ctx.ip``) are taken out first, as columns named by `key_columns`."""
+    from pyspark.sql import functions as F
+
     needed = [*state.keys, *([state.column] if state.column else [])]
-    missing = [c for c in needed if c not in rows.columns]
+    missing = [c for c in needed if not _resolves(rows, c)]
     if missing:
         raise ConfigError(
             f"keyed state needs columns {missing} that the transform's output ({rows.columns}) does not have"
         )
+    keys = list(state.key_columns)
+    if keys != list(state.keys):
+        extracted = [F.col(path).alias(name) for path, name in zip(state.keys, keys, strict=True)]
+        rows = rows.select(*extracted, *([F.col(str(state.column))] if state.column else []))
     value = state.value_column
-    delta = rows.groupBy(*state.keys).agg(_aggregate(state).alias(DELTA))
+    delta = rows.groupBy(*keys).agg(_aggregate(state).alias(DELTA))
     if snapshot_files:
         previous = spark.read.parquet(*[str(p) for p in snapshot_files])
     else:
         schema = delta.withColumnRenamed(DELTA, value).schema
         previous = spark.createDataFrame([], schema)
-    touched = delta.join(previous, list(state.keys), "left").select(
-        *state.keys, _merge(state, previous[value], delta[DELTA]).alias(value)
+    touched = delta.join(previous, keys, "left").select(
+        *keys, _merge(state, previous[value], delta[DELTA]).alias(value)
     )
-    untouched = previous.join(delta.select(*state.keys), list(state.keys), "left_anti")
+    untouched = previous.join(delta.select(*keys), keys, "left_anti")
     return touched, untouched.unionByName(touched)
+
+
+def _resolves(rows: Any, path: str) -> bool:
+    """Whether ``path`` (a column, or a nested field's path) names something in ``rows``' schema."""
+    if path in rows.columns:
+        return True
+    try:
+        rows.select(path).schema  # noqa: B018 - resolving is the question
+    except Exception:  # Spark's analysis error: no such column or field
+        return False
+    return True
