@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from examples.orders.transform import EUR_RATES, MAX_ITEMS
+from examples.orders.transform import EUR_RATES
 
 CUSTOMERS = ("ada", "bob", "chen", "dana", "eve", "femi", "gus", "hana")
 # Records the decoder must dead-letter, with the reason code it gives.
@@ -17,7 +17,12 @@ UNDECODABLE: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xfe\x00", "not_utf8"),
     (b'["an", "array"]', "not_object"),
     (b'{"order_id": 1, "customer": "x"}', "missing_field"),
-    (b'{"order_id": "seven", "customer": "x", "amount": 1.0, "currency": "EUR", "items": 1}', "wrong_type"),
+    (
+        b'{"order_id": 7, "customer": "x", "amount": 1.0, "currency": "EUR", '
+        b'"placed_at": "2026-11-27T10:00:00Z", '
+        b'"items": [{"sku": "a", "qty": "one", "price": 2.5}]}',
+        "wrong_type",
+    ),
 )
 
 
@@ -42,7 +47,15 @@ def make_orders(first_id: int, count: int, *, seed: int = 7, bad_every: int = 25
             "customer": rng.choice(CUSTOMERS),
             "amount": round(rng.uniform(1, 900), 2),
             "currency": rng.choice(sorted(EUR_RATES)),
-            "items": rng.randint(1, 12),
+            "placed_at": f"2026-11-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:00:00Z",
+            "items": [
+                {
+                    "sku": f"sku-{rng.randint(1, 99)}",
+                    "qty": rng.randint(1, 5),
+                    "price": round(rng.uniform(1, 80), 2),
+                }
+                for _ in range(rng.randint(1, 6))
+            ],
         }
         kind = (n // bad_every) % 4 if n % bad_every == bad_every - 1 else None
         if kind == 0:
@@ -57,7 +70,7 @@ def make_orders(first_id: int, count: int, *, seed: int = 7, bad_every: int = 25
             order["currency"] = "XXX"
             data.rejected[order_id] = "unknown_currency"
         elif kind == 3:
-            order["items"] = MAX_ITEMS + 1
+            order["items"] = []
             data.rejected[order_id] = "items_out_of_range"
         else:
             data.valid.append(order_id)

@@ -1,14 +1,19 @@
 """The orders pipeline spec.
 
-Input: JSON orders on the topic ``orders`` (``order_id``, ``customer``, ``amount``, ``currency``,
-``items``). Records that are not such JSON are dead-lettered by the decoder (with their reason, in the
-ledger); orders that decode but break a business rule are routed by the transform to the
-``orders_rejected`` table, with their reason. Valid orders go, exactly once, to
+Input: JSON orders on the topic ``orders``: ``order_id``, ``customer``, ``amount``, ``currency``, when
+it was placed (``placed_at``, ISO-8601 text with its offset, read as a UTC timestamp) and its
+``items``, an array of objects (``sku``, ``qty``, ``price``). Records that are not such JSON are
+dead-lettered by the decoder (with their reason, in the ledger); orders that decode but break a
+business rule are routed by the transform to the ``orders_rejected`` table, with their reason. Valid
+orders go, exactly once, to
 
 * the PostgreSQL table ``orders`` (two-phase commit: PREPARE TRANSACTION per task, COMMIT PREPARED by
   the coordinator), and
 * the Kafka topic ``orders-enriched`` (staged, published by the coordinator in one transaction per slice),
   as JSON with the amount converted to EUR and a size class.
+
+The PostgreSQL table keeps ``items`` as the number of lines and ``quantity`` as the units over them,
+both computed by the transform from the nested items.
 
 Names come from environment variables so that a demo or a test can run on fresh topics and tables:
 ``ONCEFLOW_ORDERS_SUFFIX`` is appended to the pipeline, topic and table names (empty by default), and
@@ -41,7 +46,8 @@ ORDERS = Pipeline(
             "customer": "string",
             "amount": "float",
             "currency": "string",
-            "items": "int",
+            "placed_at": "timestamp",
+            "items": [{"sku": "string", "qty": "int", "price": "float"}],
         }
     ),
     transform="examples.orders.transform:validate_and_enrich",
@@ -57,7 +63,9 @@ ORDERS = Pipeline(
                     "customer": "text",
                     "amount": "double precision",
                     "currency": "text",
+                    "placed_at": "timestamptz",
                     "items": "integer",
+                    "quantity": "bigint",
                     "amount_eur": "double precision",
                 },
             },
