@@ -1,17 +1,44 @@
-"""PostgreSQL helpers shared by the PostgreSQL sinks: table config, identifiers, row checks.
+"""PostgreSQL helpers shared by the PostgreSQL sinks: table config, identifiers, row checks, and the
+values of nested columns.
 
+A struct, array or map value (a dict, a list, or the list of (key, value) pairs Arrow gives for a map)
+is stored as the column it goes to asks (`pg_value`):
+
+* a PostgreSQL array column (``bigint[]``, ``text[]``, ``item[]``...) takes an array as a PostgreSQL
+  array, each element as the element type asks (a list inside a list is a further dimension);
+* a composite column (``CREATE TYPE item AS (...)``) takes a struct or a map whose keys are exactly the
+  type's fields, each field as its type asks;
+* ``jsonb``, ``json`` and text columns take the value's JSON (`json_text`), and so does a column whose
+  type is unknown: structs and maps are objects, arrays are arrays; timestamps are ISO-8601 in UTC with
+  their offset (a timestamp without a time zone keeps its wall time, without one), dates ISO, decimals
+  exact JSON numbers (never through a float), bytes base64 (standard alphabet, padded);
+* any other column refuses it with one `RowError` line naming the column and the place in the value.
+
+A sink's ``columns`` may name a nested column by its row type text instead of SQL
+(``items: "array<struct<sku:string,qty:int>>"``): the column is ``jsonb``, and a ``json`` field inside
+it is stored as the document its text holds, and an empty map as ``{}`` (a column declared as SQL
+cannot tell a json field from a string, nor Arrow's empty list of map pairs from an empty array, so
+there they are a JSON string and ``[]``).
+Scalars at the top level go to psycopg as they always did.
 psycopg is imported inside functions only, so importing a sink module on a Spark executor stays cheap.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from json.encoder import encode_basestring
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from onceflow.errors import ConfigError
+from onceflow.schemas.types import Array, Map, Primitive, SchemaType, Struct, field_path, key_path, parse_type
 from onceflow.sinks._config import ConfigReader, deployment_default
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import RowError
@@ -22,11 +49,17 @@ if TYPE_CHECKING:
     from psycopg import sql
 
 
+# A column type written as a nested row type text (`onceflow.schemas.types`), not as SQL: SQL type
+# names never hold "<".
+_ROW_TYPE_TEXT = re.compile(r"\s*(struct|array|map)\s*<")
+
+
 @dataclass(frozen=True)
 class PgTableConfig:
     """A target table: where it is, its columns and whether the sink creates it.
 
-    Column types are SQL text from the pipeline's own configuration (trusted, like a migration).
+    Column types are SQL text from the pipeline's own configuration (trusted, like a migration); a
+    nested row type text there becomes ``jsonb``, and ``row_types`` keeps the type it was.
     """
 
     dsn: str
@@ -35,6 +68,7 @@ class PgTableConfig:
     create_table: bool = True
     batch_size: int = 1000
     name: str | None = None
+    row_types: tuple[tuple[str, SchemaType], ...] = ()
 
     @classmethod
     def read(cls, reader: ConfigReader) -> PgTableConfig:
@@ -43,10 +77,18 @@ class PgTableConfig:
             raise deployment_default(reader.kind, "dsn", "Settings.pg_dsn (ONCEFLOW_PG_DSN)")
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise ConfigError(f"{reader.kind} sink config dsn: expected a postgresql:// URL")
+        columns: list[tuple[str, str]] = []
+        row_types: list[tuple[str, SchemaType]] = []
+        for name, sql_type in reader.columns():
+            if _ROW_TYPE_TEXT.match(sql_type):
+                row_types.append((name, parse_type(sql_type, f"{reader.kind} sink config columns[{name!r}]")))
+                sql_type = "jsonb"
+            columns.append((name, sql_type))
         return cls(
             dsn=dsn,
             table=reader.string("table"),
-            columns=reader.columns(),
+            columns=tuple(columns),
+            row_types=tuple(row_types),
             create_table=reader.boolean("create_table", True),
             batch_size=reader.integer("batch_size", 1000, minimum=1),
             name=reader.optional_string("name"),
@@ -74,7 +116,9 @@ PG_TABLE_SETTINGS: tuple[SinkSetting, ...] = (
     SinkSetting(
         "columns",
         "columns",
-        "the table's columns in order, `{name: SQL type}`; rows must have exactly these columns",
+        "the table's columns in order, `{name: SQL type}` (a nested value goes to `jsonb`, an array type "
+        "or a composite type), or a row type's text such as `array<struct<sku:string,qty:int>>` for a "
+        "`jsonb` column; rows must have exactly these columns",
         required=True,
     ),
     SinkSetting("create_table", "boolean", "create the table if it is missing, before writing", default=True),
@@ -156,6 +200,322 @@ def row_values(row: Row, columns: tuple[str, ...], where: str) -> tuple[Any, ...
             f"{where}: row {dict(row)!r} has missing columns {missing} and unknown columns {unknown}"
         )
     return tuple(row[c] for c in columns)
+
+
+# Column types whose values are PostgreSQL text: a nested value goes there as its JSON.
+JSON_TYPES = frozenset({"json", "jsonb"})
+# pg_type.typcategory values: arrays, composites, strings, numbers, booleans.
+_ARRAY, _COMPOSITE, _STRING, _NUMERIC, _BOOLEAN = "A", "C", "S", "N", "B"
+
+
+@dataclass(frozen=True)
+class PgType:
+    """A column's type as the nested values need it: its name as ``regtype`` prints it (``bigint[]``,
+    ``double precision``), its ``pg_type.typcategory``, an array's element type, a composite's fields
+    and the psycopg class that dumps the composite (registered on the connection that read it)."""
+
+    name: str
+    category: str = "X"
+    element: PgType | None = None
+    fields: tuple[tuple[str, PgType], ...] = ()
+    make: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def holds_json(self) -> bool:
+        """Whether a nested value goes here as its JSON text (json, jsonb, any string type)."""
+        return self.name in JSON_TYPES or self.category == _STRING
+
+
+# The type of a column that the catalog does not describe: a nested value goes there as JSON.
+UNKNOWN_TYPE = PgType("jsonb", "U")
+
+
+def table_types(conn: psycopg.Connection[Any], table: str) -> dict[str, PgType]:
+    """Each column of ``table`` (a quoted identifier) and its `PgType`; nothing for a missing table.
+
+    Composite types met on the way are registered on ``conn``, so that psycopg dumps their values
+    (`pg_value` builds them) on this connection, in COPY and in INSERT alike.
+    """
+    rows = conn.execute(
+        "SELECT attname, atttypid FROM pg_attribute"
+        " WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+        [table],
+    ).fetchall()
+    seen: dict[int, PgType] = {}
+    return {str(name): _describe(conn, int(oid), seen) for name, oid in rows}
+
+
+def _describe(conn: psycopg.Connection[Any], oid: int, seen: dict[int, PgType]) -> PgType:
+    from psycopg.types.composite import CompositeInfo, register_composite
+
+    if oid in seen:
+        return seen[oid]
+    found = conn.execute(
+        "SELECT oid::regtype::text, typcategory, typelem, typtype, typbasetype FROM pg_type WHERE oid = %s",
+        [oid],
+    ).fetchone()
+    if found is None:
+        return UNKNOWN_TYPE
+    name, category, element, kind, base = str(found[0]), str(found[1]), int(found[2]), found[3], int(found[4])
+    if kind == "d":  # a domain's values are its base type's
+        described = _describe(conn, base, seen)
+    elif category == _ARRAY and element:
+        described = PgType(name, category, element=_describe(conn, element, seen))
+    elif kind == "c":
+        info = CompositeInfo.fetch(conn, name)
+        if info is None:
+            return UNKNOWN_TYPE
+        register_composite(info, conn)
+        fields = tuple(
+            (str(n), _describe(conn, int(t), seen))
+            for n, t in zip(info.field_names, info.field_types, strict=True)
+        )
+        described = PgType(name, _COMPOSITE, fields=fields, make=info.python_type)
+    else:
+        described = PgType(name, category)
+    seen[oid] = described
+    return described
+
+
+# A row value that is a struct, array or map (a tuple only as one of a map's pairs); a tuple of
+# classes, which isinstance checks several times faster than a union.
+_NESTED = (dict, list, tuple)
+
+
+def is_nested(value: Any) -> bool:
+    """Whether a row value is a struct, array or map (a dict, a list, or a tuple)."""
+    return isinstance(value, _NESTED)
+
+
+def map_items(value: Any) -> Mapping[Any, Any] | None:
+    """A map or struct value as a mapping: a dict, or the non-empty list of (key, value) pairs that an
+    Arrow map's ``to_pylist`` gives (an empty one is an empty array: nothing tells them apart)."""
+    if isinstance(value, dict):
+        return value
+    if (
+        isinstance(value, list)
+        and value
+        and all(type(item) is tuple and len(item) == 2 and isinstance(item[0], str) for item in value)
+    ):
+        return dict(value)
+    return None
+
+
+# Where a value sits, built only when an error names it: the column's name, or (parent, field name or
+# array index); `place_text` writes it as the decoders do (items[3].qty, counts["a b"]).
+Place: TypeAlias = "str | tuple[Place, str | int]"
+
+
+def place_text(place: Place) -> str:
+    """The text of a `Place`: ``items[3].qty``, ``counts["a b"]`` (a long key cut, as `key_path` does)."""
+    if isinstance(place, str):
+        return place
+    parent, key = place
+    text = place_text(parent)
+    if isinstance(key, int):
+        return f"{text}[{key}]"
+    return field_path(text, key) if len(key) <= 64 else key_path(text, key)
+
+
+def pg_value(value: Any, target: PgType, path: Place, where: str, row_type: SchemaType | None = None) -> Any:
+    """``value`` as psycopg dumps it into a ``target`` column (see the module's docstring); ``path`` is
+    the column and the place inside it, named by a `RowError` when the value does not fit; ``row_type``,
+    when the sink's columns give it, marks the ``json`` fields of a value that goes as JSON."""
+    if value is None:
+        return None
+    items = map_items(value)
+    if target.category == _ARRAY and target.element is not None and items is None and is_nested(value):
+        element = target.element
+        return [
+            pg_value(item, target if _sub_array(item, element) else element, (path, i), where)
+            for i, item in enumerate(value)
+        ]
+    if target.category == _COMPOSITE and items is not None and target.make is not None:
+        names = [name for name, _ in target.fields]
+        missing = [n for n in names if n not in items]
+        unknown = [k for k in items if k not in names]
+        if missing or unknown:
+            raise RowError(
+                f"{where} column {place_text(path)}: the value has missing fields {missing} and unknown "
+                f"fields {unknown} for composite type {target.name}"
+            )
+        return target.make(*(pg_value(items[n], t, (path, n), where) for n, t in target.fields))
+    if is_nested(value):
+        if target.holds_json:
+            return json_text(value, path, where, row_type)
+        shown = "a struct or map" if items is not None else "an array"
+        raise RowError(
+            f"{where} column {place_text(path)}: {shown} does not fit a column of type {target.name}; "
+            "declare it jsonb (any nested value), a PostgreSQL array (of scalars) or a composite type"
+        )
+    if target.category == _NUMERIC and (
+        isinstance(value, bool) or not isinstance(value, int | float | Decimal)
+    ):
+        raise RowError(f"{where} column {place_text(path)}: {_shown(value)} does not fit type {target.name}")
+    if target.category == _BOOLEAN and not isinstance(value, bool):
+        raise RowError(f"{where} column {place_text(path)}: {_shown(value)} does not fit type {target.name}")
+    return value
+
+
+def _sub_array(item: Any, element: PgType) -> bool:
+    """Whether an array's item is a further dimension of it (PostgreSQL arrays have any number), not
+    one element: a list of an array whose elements are not JSON."""
+    return isinstance(item, list | tuple) and map_items(item) is None and not element.holds_json
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def json_text(value: Any, path: Place, where: str, row_type: SchemaType | None = None) -> str:
+    """The JSON of a row value (see the module's docstring for each scalar's form), compact, keys in
+    the value's order; what PostgreSQL cannot hold (NaN, infinities, NUL characters) is a `RowError`.
+    Where ``row_type`` says a string is a ``json`` field, its text goes in as the document it holds."""
+    out: list[str] = []
+    _json(value, path, where, out, row_type)
+    return "".join(out)
+
+
+def _inner(t: SchemaType | None, key: str | None = None) -> SchemaType | None:
+    """The row type of a struct's field ``key``, a map's values or an array's elements, if known."""
+    if t is None:
+        return None
+    if isinstance(t, Struct):
+        return next((f for n, f in t.fields if n == key), None)
+    if isinstance(t, Map):
+        return t.value
+    if isinstance(t, Array):
+        return t.element
+    return None
+
+
+def _json(value: Any, path: Place, where: str, out: list[str], t: SchemaType | None = None) -> None:
+    # The exact types rows hold come first, tested by identity: a nested value has many of them.
+    kind = type(value)
+    if kind is str and (t is None or not isinstance(t, Primitive) or t.name != "json"):
+        if "\x00" in value:
+            raise RowError(
+                f"{where} column {place_text(path)}: text with a NUL character cannot be stored in PostgreSQL"
+            )
+        out.append(encode_basestring(value))
+    elif kind is int:
+        out.append(int.__repr__(value))
+    elif value is None:
+        out.append("null")
+    elif kind is dict:
+        _object(value, path, where, out, t)
+    elif kind is list and not (value and type(value[0]) is tuple):
+        if not value and isinstance(t, Map):
+            out.append("{}")  # Arrow's empty list of pairs, where the row type says it is a map
+            return
+        out.append("[")
+        inner = _inner(t)
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _json(item, (path, i), where, out, inner)
+        out.append("]")
+    else:
+        _json_other(value, path, where, out, t)
+
+
+def _object(items: Mapping[Any, Any], path: Place, where: str, out: list[str], t: SchemaType | None) -> None:
+    out.append("{")
+    first = True
+    for key, item in items.items():
+        if type(key) is not str:
+            raise RowError(f"{where} column {place_text(path)}: map key {key!r} is not a string")
+        if not first:
+            out.append(",")
+        first = False
+        _json(key, path, where, out)
+        out.append(":")
+        _json(item, (path, key), where, out, _inner(t, key))
+    out.append("}")
+
+
+def _json_other(value: Any, path: Place, where: str, out: list[str], t: SchemaType | None) -> None:
+    """`_json` for the values that are not a plain str, int, None, dict or list."""
+    if isinstance(value, str) and isinstance(t, Primitive) and t.name == "json":
+        try:
+            json.loads(value, parse_constant=_no_constant)
+        except ValueError as exc:
+            raise RowError(
+                f"{where} column {place_text(path)}: a json field holds text that is not JSON ({exc})"
+            ) from None
+        out.append(value)
+    elif isinstance(value, bool):
+        out.append("true" if value else "false")
+    elif isinstance(value, int):
+        out.append(str(int(value)))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise RowError(f"{where} column {place_text(path)}: {value!r} has no JSON number")
+        out.append(repr(float(value)))
+    elif isinstance(value, str):
+        _json(str(value), path, where, out, t)
+    elif isinstance(value, Decimal):
+        if not value.is_finite():
+            raise RowError(f"{where} column {place_text(path)}: decimal {value} has no JSON number")
+        out.append(str(value))
+    elif isinstance(value, bytes | bytearray | memoryview):
+        out.append('"' + base64.b64encode(value).decode("ascii") + '"')
+    elif isinstance(value, dt.datetime):
+        moment = value if value.tzinfo is None else value.astimezone(dt.UTC)
+        out.append('"' + moment.isoformat() + '"')
+    elif isinstance(value, dt.date):
+        out.append('"' + value.isoformat() + '"')
+    elif (items := map_items(value)) is not None:
+        _object(items, path, where, out, t)
+    elif isinstance(value, list | tuple):
+        _json(list(value), path, where, out, t)
+    else:
+        raise RowError(f"{where} column {place_text(path)}: {_shown(value)} has no JSON form")
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+class NestedValues:
+    """Turns a table's rows into what psycopg stores, for the nested values among them: built once per
+    writer from the table's column types, it leaves a row without nested values as it is."""
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        types: Mapping[str, PgType],
+        where: str,
+        row_types: Mapping[str, SchemaType] | None = None,
+    ) -> None:
+        self.names = names
+        self.types = dict(types)
+        self.targets = tuple(types.get(n, UNKNOWN_TYPE) for n in names)
+        self.row_types = tuple((row_types or {}).get(n) for n in names)
+        self.where = where
+
+    def row(self, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        for v in values:
+            if isinstance(v, _NESTED):
+                break
+        else:
+            return values  # the common flat row: one type check per value, nothing built
+        return tuple(
+            pg_value(v, t, n, self.where, r) if isinstance(v, _NESTED) else v
+            for v, t, n, r in zip(values, self.targets, self.names, self.row_types, strict=True)
+        )
+
+    def type_name(self, name: str) -> str:
+        """The column's type as ``regtype`` prints it (``double precision``), "" when not known."""
+        target = self.types.get(name)
+        return "" if target is None else target.name
+
+    def column(self, name: str, values: list[Any]) -> list[Any]:
+        """One column's values, as `row` gives them (the Arrow batch path's nested columns)."""
+        at = self.names.index(name)
+        target, row_type = self.targets[at], self.row_types[at]
+        return [pg_value(v, target, name, self.where, row_type) if is_nested(v) else v for v in values]
 
 
 class RowDigest:
@@ -241,6 +601,7 @@ class DirectWriterBase:
         self._conn: psycopg.Connection[Any] | None = None
         self._task: Any = None
         self._digest = RowDigest()
+        self._nested: NestedValues | None = None
 
     def _open(self, task: Any) -> None:
         import psycopg
@@ -257,14 +618,17 @@ class DirectWriterBase:
             if self.key_columns:
                 extra = sql.SQL("PRIMARY KEY ({})").format(column_list(self.key_columns))
             create_table_if_missing(self._conn, self.table, extra)
+        types = table_types(self._conn, table_identifier(self.table.table).as_string(self._conn))
+        where = f"{self.kind} sink table {self.table.table}"
+        self._nested = NestedValues(self.table.column_names, types, where, dict(self.table.row_types))
 
     def _values(self, rows: Iterable[Row]) -> list[tuple[Any, ...]]:
         from onceflow.sinks.errors import WriterStateError
 
-        if self._conn is None:
+        if self._conn is None or self._nested is None:
             raise WriterStateError(f"{self.kind} writer: write() needs begin() first")
-        where = f"{self.kind} sink table {self.table.table}"
-        values = [row_values(row, self.table.column_names, where) for row in rows]
+        nested = self._nested
+        values = [nested.row(row_values(row, self.table.column_names, nested.where)) for row in rows]
         for v in values:
             self._digest.add(v)
         return values

@@ -12,50 +12,62 @@ that PostgreSQL reads as the same value, without a Python object per value:
   ``double precision`` column gets the same bits, ``nan``/``inf`` included; a timestamp with a time zone
   goes to ``timestamptz`` as its UTC instant and to ``timestamp`` as its wall time, as psycopg's
   offset-carrying text does; bytes are ``\\x`` hex);
-* any other pairing (a float into ``numeric`` or ``text``, lists, structs...) takes psycopg's own text of
-  each value of that column, so it is the row path's by construction.
+* structs, lists and maps become the Python values the row path gets from ``batch.to_pylist()`` and go
+  through the same `NestedValues` (JSON text, PostgreSQL arrays, composites), then psycopg's text;
+* any other pairing (a float into ``numeric`` or ``text``...) takes psycopg's own text of each value of
+  that column, so it is the row path's by construction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import psycopg
     import pyarrow as pa
 
+    from onceflow.sinks._pg import NestedValues
+
 FLOAT_TARGETS = frozenset({"double precision", "real"})
 TIMESTAMP_TARGETS = frozenset({"timestamp with time zone", "timestamp without time zone"})
 _HEX = b"0123456789abcdef"
 
 
-def column_types(conn: psycopg.Connection[Any], table: str) -> dict[str, str]:
-    """Each column of ``table`` (a quoted identifier, as the COPY names it) and its type as PostgreSQL
-    names it (``double precision``, ...). A column missing here only loses the Arrow-formatted shortcut."""
-    rows = conn.execute(
-        "SELECT attname, atttypid::regtype::text FROM pg_attribute"
-        " WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
-        [table],
-    ).fetchall()
-    return {str(name): str(kind) for name, kind in rows}
-
-
-def csv_payload(
-    batch: pa.RecordBatch, targets: Mapping[str, str], conn: psycopg.Connection[Any]
-) -> pa.Buffer:
-    """The batch (already in the table's column order) as CSV rows for COPY, without a header."""
+def csv_payload(batch: pa.RecordBatch, nested: NestedValues, conn: psycopg.Connection[Any]) -> pa.Buffer:
+    """The batch (already in the table's column order) as CSV rows for COPY, without a header;
+    ``nested`` has the table's column types (a column it lacks only loses the Arrow-formatted shortcut)
+    and turns nested values into what the row path stores."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    columns = [
-        _text_column(column, targets.get(name, ""), conn)
-        for name, column in zip(batch.schema.names, batch.columns, strict=True)
-    ]
+    columns = []
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        if _is_nested(column.type):
+            columns.append(_psycopg_text(nested.column(name, column.to_pylist()), conn))
+        else:
+            columns.append(_text_column(column, nested.type_name(name), conn))
     out = pa.BufferOutputStream()
     options = pcsv.WriteOptions(include_header=False, quoting_style="all_valid")
     pcsv.write_csv(pa.table(columns, names=[f"c{i}" for i in range(len(columns))]), out, options)
     return out.getvalue()
+
+
+def _is_nested(kind: pa.DataType) -> bool:
+    """Struct, list and map columns (dictionary-encoded ones too): their values go through Python."""
+    import pyarrow as pa
+
+    t = pa.types
+    if t.is_dictionary(kind):
+        return _is_nested(kind.value_type)
+    return bool(
+        t.is_struct(kind)
+        or t.is_list(kind)
+        or t.is_large_list(kind)
+        or t.is_fixed_size_list(kind)
+        or t.is_list_view(kind)
+        or t.is_large_list_view(kind)
+        or t.is_map(kind)
+    )
 
 
 def _text_column(column: pa.Array, target: str, conn: psycopg.Connection[Any]) -> pa.Array:
@@ -112,11 +124,12 @@ def _bytea_hex(column: pa.Array) -> pa.Array:
     )
 
 
-def _psycopg_text(column: pa.Array, conn: psycopg.Connection[Any]) -> pa.Array:
-    """psycopg's text of each value: what ``Copy.write_row`` sends for it on the row path."""
+def _psycopg_text(column: pa.Array | list[Any], conn: psycopg.Connection[Any]) -> pa.Array:
+    """psycopg's text of each value (of a column, or values already made from one): what
+    ``Copy.write_row`` sends for it on the row path."""
     import pyarrow as pa
     from psycopg.adapt import PyFormat, Transformer
 
-    values = column.to_pylist()
+    values = column if isinstance(column, list) else column.to_pylist()
     dumped = Transformer(conn).dump_sequence(values, [PyFormat.TEXT] * len(values))
     return pa.array([None if d is None else bytes(d) for d in dumped], pa.binary()).cast(pa.string())

@@ -21,6 +21,7 @@ from onceflow.sinks._arrow import exact_columns
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import (
     PG_TABLE_SETTINGS,
+    NestedValues,
     PgTableConfig,
     RowDigest,
     column_list,
@@ -29,9 +30,10 @@ from onceflow.sinks._pg import (
     row_values,
     run_ddl,
     table_identifier,
+    table_types,
 )
 from onceflow.sinks._pg_checks import pg_plan_checks
-from onceflow.sinks._pg_csv import column_types, csv_payload
+from onceflow.sinks._pg_csv import csv_payload
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import (
     AlreadyCommitted,
@@ -166,7 +168,7 @@ class PostgresTwoPhaseWriter:
         self._task: TaskContext | None = None
         self._digest = RowDigest()
         self._prepared = False
-        self._targets: dict[str, str] | None = None  # the table's column types, read once
+        self._nested: NestedValues | None = None  # the table's column types, read in begin()
 
     def begin(self, task: TaskContext) -> None:
         import psycopg
@@ -180,6 +182,10 @@ class PostgresTwoPhaseWriter:
         if self.config.table.create_table:
             create_table_if_missing(conn, self.config.table)
         ensure_marker_table(conn, self.config.marker_table)
+        table = self.config.table
+        types = table_types(conn, table_identifier(table.table).as_string(conn))
+        where = f"{KIND} sink {task.sink} table {table.table}"
+        self._nested = NestedValues(table.column_names, types, where, dict(table.row_types))
         conn.autocommit = False
         conn.tpc_begin(gid)
         conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.config.lock_timeout_ms}ms"])
@@ -203,18 +209,23 @@ class PostgresTwoPhaseWriter:
             raise WriterStateError(f"{KIND} writer: write/pre_commit needs begin() first and no pre_commit()")
         return self._conn, self._task
 
+    def _values(self) -> NestedValues:
+        if self._nested is None:
+            raise WriterStateError(f"{KIND} writer: write() needs begin() first")
+        return self._nested
+
     def write(self, rows: Iterable[Row]) -> None:
         from psycopg import sql
 
-        conn, task = self._require()
+        conn, _ = self._require()
+        nested = self._values()
         names = self.config.table.column_names
         statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
             table_identifier(self.config.table.table), column_list(names)
         )
-        where = f"{KIND} sink {task.sink} table {self.config.table.table}"
         with conn.cursor() as cur, cur.copy(statement) as copy:
             for row in rows:
-                values = row_values(row, names, where)
+                values = nested.row(row_values(row, names, nested.where))
                 copy.write_row(values)
                 self._digest.add(values)
 
@@ -223,16 +234,14 @@ class PostgresTwoPhaseWriter:
         `write` would stage, without a Python object per value. The checksum takes the CSV bytes."""
         from psycopg import sql
 
-        conn, task = self._require()
+        conn, _ = self._require()
+        nested = self._values()
         names = self.config.table.column_names
-        where = f"{KIND} sink {task.sink} table {self.config.table.table}"
-        batch = exact_columns(batch, names, where)
+        batch = exact_columns(batch, names, nested.where)
         if conn.info.encoding != "utf-8":  # the CSV is UTF-8; psycopg encodes rows for any encoding
             self.write(batch.to_pylist())
             return
-        if self._targets is None:
-            self._targets = column_types(conn, table_identifier(self.config.table.table).as_string(conn))
-        payload = csv_payload(batch, self._targets, conn)
+        payload = csv_payload(batch, nested, conn)
         statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
             table_identifier(self.config.table.table), column_list(names)
         )
