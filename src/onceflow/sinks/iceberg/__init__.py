@@ -17,7 +17,9 @@
   never deleted (abort of a committed attempt is refused).
 
 A table is created from the sink's ``columns``, or the pipeline's decoded rows when it has no
-transform, at plan time, or else from the first rows a writer sees. A new column is added as a nullable
+transform, at plan time, or else from the first rows a writer sees. Struct, list and map columns nest
+to any depth, with field ids that the catalog assigns; a nested field, element or map value is required
+unless its row type says ``?`` (a column itself is always nullable). A new column is added as a nullable
 column (Iceberg's additive evolution); a column whose type changed is refused at plan time.
 """
 
@@ -36,7 +38,7 @@ from onceflow.errors import ConfigError
 from onceflow.sinks._config import ConfigReader, deployment_default
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import AlreadyCommitted, RowError, StagedOutputLost, WriterStateError
-from onceflow.sinks.iceberg import files
+from onceflow.sinks.iceberg import files, nested
 from onceflow.sinks.iceberg import table as tables
 from onceflow.sinks.registry import SinkKind, SinkSetting
 
@@ -162,42 +164,13 @@ def referenced_files(table: Table) -> set[str]:
 # ----------------------------------------------------------------------------------------- writer
 
 
-def _arrow_columns(schema: Any, where: str) -> list[tuple[str, str]]:
-    """A table's columns from the Arrow schema of the first rows (when nothing declared them)."""
-    import pyarrow as pa
-
-    columns = []
-    for field in schema:
-        t = field.type
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            name = "string"
-        elif pa.types.is_int64(t):
-            name = "long"
-        elif pa.types.is_integer(t):
-            name = "int"
-        elif pa.types.is_float64(t):
-            name = "double"
-        elif pa.types.is_floating(t):
-            name = "float"
-        elif pa.types.is_boolean(t):
-            name = "boolean"
-        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            name = "binary"
-        elif pa.types.is_date(t):
-            name = "date"
-        elif pa.types.is_timestamp(t):
-            name = "timestamptz" if t.tz else "timestamp"
-        elif pa.types.is_decimal(t) and t.precision <= 38:
-            name = f"decimal({t.precision},{t.scale})"
-        elif pa.types.is_null(t):
-            raise RowError(
-                f"{where}: column {field.name!r} is null in every row, so its type is unknown; "
-                "declare `columns` in the sink config"
-            )
-        else:
-            raise RowError(f"{where}: column {field.name!r} has type {t}, which the sink cannot store")
-        columns.append((field.name, name))
-    return columns
+def _arrow_columns(schema: Any, where: str) -> list[tuple[str, Any]]:
+    """A table's columns (pyiceberg types) from the Arrow schema of the first rows, when nothing
+    declared them; structs, lists and maps nest to any depth."""
+    try:
+        return [(field.name, tables.arrow_type(field.type, where, field.name)) for field in schema]
+    except ConfigError as exc:
+        raise RowError(str(exc)) from exc
 
 
 class IcebergWriter:
@@ -258,9 +231,11 @@ class IcebergWriter:
             return
         names = list(chunk[0])
         names += sorted(set().union(*chunk).difference(names))  # a key any row has is a column
+        schema = self._arrow_schema(names, lambda: _inferred(chunk, self.config.where))
+        nested.check_keys(chunk, schema, self.config.where)
         try:
-            arrow = pa.Table.from_pylist(chunk, schema=self._arrow_schema(names, lambda: _inferred(chunk)))
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            arrow = pa.Table.from_pylist(chunk, schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
             raise RowError(f"{self.config.where}: rows do not fit the table's schema: {exc}") from exc
         self._add(arrow)
 
@@ -276,6 +251,9 @@ class IcebergWriter:
         for field in schema:
             index = batch.schema.get_field_index(field.name)
             column = batch.column(index) if index >= 0 else pa.nulls(batch.num_rows, field.type)
+            if nested.is_nested(field.type):
+                columns.append(nested.fit_column(column, field.type, self.config.where, field.name))
+                continue
             try:
                 columns.append(column if column.type == field.type else column.cast(field.type))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -302,7 +280,7 @@ class IcebergWriter:
     def _table_for(self, schema: Any) -> Table:
         """The table, created from the data's schema (or given its new columns) when it needs it."""
         cat = self.config.open_catalog()
-        wanted = tables.schema_of(_arrow_columns(schema, self.config.where), self.config.where)
+        wanted = tables.schema_of_types(_arrow_columns(schema, self.config.where))
         table: Table = _with_retries(
             lambda: tables.ensure_table(
                 cat,
@@ -319,6 +297,7 @@ class IcebergWriter:
         return table
 
     def _add(self, arrow: Any) -> None:
+        nested.check_required(arrow, self.config.where)
         self._pending.append(arrow)
         self._pending_rows += arrow.num_rows
         self._count += arrow.num_rows
@@ -335,6 +314,7 @@ class IcebergWriter:
         size = self.config.rows_per_file
         if self._pending_rows < (1 if final else size):
             return
+        nested.keep_null_lists()
         task = self._require()
         table = self._table
         assert table is not None
@@ -389,10 +369,16 @@ class IcebergWriter:
         self._store.delete_file(files.marker_uri(self._table.location(), self._task))
 
 
-def _inferred(rows: list[Row]) -> Any:
+def _inferred(rows: list[Row], where: str) -> Any:
+    """The Arrow schema of rows as Arrow infers it (a dict is a struct of the keys the rows have)."""
     import pyarrow as pa
 
-    return pa.Table.from_pylist(rows).schema
+    try:
+        return pa.Table.from_pylist(rows).schema
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        raise RowError(
+            f"{where}: the table's columns cannot be inferred from the rows ({exc}); declare `columns`"
+        ) from exc
 
 
 def _widened(arrow: Any, schema: Any) -> Any:
@@ -656,7 +642,9 @@ SINK_KIND = SinkKind(
             "columns",
             "columns",
             "the table's columns, `{name: type}` (`string`, `long`, `int`, `double`, `boolean`, `date`, "
-            "`timestamp`, `decimal(p,s)`, … or Arrow names such as `int64`); all nullable",
+            "`timestamp`, `decimal(p,s)`, … or Arrow names such as `int64`), or a row type's text such as "
+            "`array<struct<sku:string,qty:int>>` or `map<string,int?>` (row names: `int` 64-bit, `float` "
+            "double; nested fields required unless `?`); columns nullable",
             default_from="the decoded rows without a transform, else the first rows written",
         ),
         SinkSetting(
