@@ -3,6 +3,10 @@
 The schema is the subject's latest in the registry, with its id in every record's header, as producers
 configured to use the latest registered version do: the sink registers nothing, so what it writes is
 always a schema the registry's compatibility rules accepted. Runs in write tasks: no ledger here.
+
+Nested values are written as the schema declares them: a row holds a struct or a map as a dict and an
+array as a list, as fastavro takes records, maps and arrays (a batch's maps are made dicts first,
+`onceflow.sinks._kafka_batches.python_rows`), and timestamps, dates and decimals as the logical types do.
 """
 
 from __future__ import annotations

@@ -4,18 +4,27 @@ The staged format is the row path's (`onceflow.sinks.kafka.encode_record`): per 
 as a big-endian int32 (-1 for no key), the key, the value length, the value. Here the lengths are
 computed for whole columns and the four pieces of every record are interleaved by one Arrow ``take``.
 
-With ``value_format: json`` the value is the row path's ``json.dumps(row, sort_keys=True,
-ensure_ascii=False, default=str)`` text: the object is assembled from one JSON text column per column,
-in key order. Text, integer and boolean columns are encoded by Arrow kernels (text escaped as Python's
-encoder escapes it: backslash, quote and control characters); any other column (floats, whose Python
-spelling Arrow does not share, dates, nested values...) goes through Python's encoder value by value,
-which is still no dict per row.
+With ``value_format: json`` the value is the row path's `json_value` text of the row: the object is
+assembled from one JSON text column per column, in key order. Text, integer and boolean columns are
+encoded by Arrow kernels (text escaped as Python's encoder escapes it: backslash, quote and control
+characters); any other column (floats, whose Python spelling Arrow does not share, dates, nested
+values...) goes through `json_value` value by value, which is still no dict per row.
+
+`json_value` is Python's encoder (``sort_keys=True, ensure_ascii=False``) with the row model's other
+values made JSON as a consumer reads them back: structs and maps are objects (keys sorted at every
+depth, so that a struct's field order and a map's insertion order cannot change the bytes), arrays are
+arrays, a timestamp is ISO-8601 text with its offset (``2026-01-02T03:04:05.000006+00:00``; a naive one
+has none), a date ISO text, a decimal a JSON number with exactly its digits (``12.50``, never a float's
+rounding, never an exponent), bytes base64 text (standard alphabet, padded), anything else its ``str``.
 """
 
 from __future__ import annotations
 
+import base64
 import json
-from typing import TYPE_CHECKING
+from datetime import date, datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 from onceflow.sinks._arrow import unique_names
 from onceflow.sinks.errors import RowError
@@ -26,7 +35,57 @@ if TYPE_CHECKING:
 KIND = "kafka"
 # Python's JSON escapes for control characters (ensure_ascii=False escapes nothing else but \ and ").
 _CONTROL_ESCAPES = {0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r"}
-_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str)
+
+
+class _Exact(Exception):
+    """A decimal inside a value: Python's encoder has no way to write its digits as a number."""
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):  # before date: a datetime is a date
+        return value.isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, Decimal):
+        raise _Exact
+    return str(value)
+
+
+_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=_default)
+
+
+def json_value(value: Any) -> str:
+    """``value`` as JSON text (see the module's docstring): Python's C encoder, and where a decimal
+    is inside, the same text with the decimal's digits, written level by level."""
+    try:
+        return _ENCODER.encode(value)
+    except _Exact:
+        return _exact(value)
+
+
+def _exact(value: Any) -> str:
+    """`json_value` of a value holding a decimal: the encoder's own layout (``", "``, ``": "``)."""
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise RowError(f"{KIND} sink: decimal {value} has no JSON number")
+        return format(value, "f")
+    if isinstance(value, dict):
+        items = sorted(value.items())
+        return "{" + ", ".join(f"{_key(k)}: {json_value(v)}" for k, v in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(json_value(v) for v in value) + "]"
+    return _ENCODER.encode(value)
+
+
+def _key(key: Any) -> str:
+    """An object key as Python's encoder writes it (str, or the JSON text of a number, bool or null)."""
+    if isinstance(key, str):
+        return _ENCODER.encode(key)
+    if key is None or isinstance(key, bool | int | float):
+        return _ENCODER.encode(json.dumps(key))
+    raise RowError(f"{KIND} sink: an object key must be text, not {type(key).__name__}")
 
 
 def raw_records(batch: pa.RecordBatch) -> pa.Buffer:
@@ -82,8 +141,20 @@ def json_text(column: pa.Array) -> pa.Array:
     elif t.is_string(kind) or t.is_large_string(kind) or t.is_string_view(kind):
         encoded = pc.binary_join_element_wise('"', _escaped(pc.cast(column, pa.string())), '"', "")
     else:
-        return pa.array([_ENCODER.encode(v) for v in column.to_pylist()], pa.string())
+        return pa.array([json_value(v) for v in python_values(column)], pa.string())
     return pc.fill_null(encoded, "null")
+
+
+def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A column's values as the row model holds them: a map is a dict (Arrow's own form is a list of
+    pairs), a map with a key twice is refused rather than losing a value."""
+    try:
+        values: list[Any] = column.to_pylist(maps_as_pydicts="strict")
+    except KeyError as exc:
+        raise RowError(
+            f"{KIND} sink: a map holds a key twice, which a JSON object cannot: {exc.args[0]}"
+        ) from exc
+    return values
 
 
 def _escaped(text: pa.Array) -> pa.Array:
@@ -160,3 +231,12 @@ def _int32_be(numbers: object) -> pa.Array:
     return pa.Array.from_buffers(
         pa.large_binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(packed.tobytes())]
     )
+
+
+def python_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """A batch's rows as the row model holds them (maps as dicts, see `python_values`)."""
+    try:
+        rows: list[dict[str, Any]] = batch.to_pylist(maps_as_pydicts="strict")
+    except KeyError as exc:
+        raise RowError(f"{KIND} sink: a map holds a key twice: {exc.args[0]}") from exc
+    return rows

@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
 from onceflow.names import check_name
-from onceflow.sinks._arrow import as_declared, as_inferred, exact_columns, unique_names, widened_decimals
+from onceflow.sinks._arrow import (
+    as_declared,
+    as_inferred,
+    declared_type,
+    exact_columns,
+    merged_type,
+    unique_names,
+    widened_decimals,
+)
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import row_values
 from onceflow.sinks.base import Committable, Row, TaskContext
@@ -63,7 +71,9 @@ MODES = ("append", "replace")
 @dataclass(frozen=True)
 class FilesConfig:
     """``root`` (folder), ``table`` (folder name under root), ``columns`` (optional name -> Arrow type
-    alias such as ``int64`` or ``string``; inferred from the rows when absent), ``batch_size`` (rows per
+    alias such as ``int64`` or ``string``, or a type text of `onceflow.schemas` such as
+    ``array<struct<sku:string,qty:int>>`` or ``map<string,int>?``; inferred from the rows when absent;
+    an alias keeps Arrow's meaning, so ``float`` there is Arrow's float32), ``batch_size`` (rows per
     Parquet row group), ``mode`` ("append" or "replace": whether an epoch's commit keeps or replaces
     what the table holds), ``name`` (the sink name, narrowing ``orphans``)."""
 
@@ -96,13 +106,8 @@ class FilesConfig:
             return None
         import pyarrow as pa
 
-        fields = []
-        for name, alias in self.columns:
-            try:
-                fields.append(pa.field(name, pa.type_for_alias(alias)))
-            except ValueError as exc:
-                raise ConfigError(f"files sink config columns: {name}: unknown Arrow type {alias!r}") from exc
-        return pa.schema(fields)
+        where = "files sink config columns"
+        return pa.schema([pa.field(n, declared_type(text, f"{where}: {n}")) for n, text in self.columns])
 
     @property
     def table_dir(self) -> Path:
@@ -195,16 +200,21 @@ def read_committed_table(root: str | os.PathLike[str], table: str) -> pa.Table:
     files = committed_files(Path(root) / check_name("table", table))
     if not files:
         return pa.table({})
-    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+    # Files of one table may differ where a task's rows never showed a type (an empty list is list<null>
+    # there): "permissive" unifies them at any depth.
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
 
 
 class FilesWriter:
     """Stages the task's output as one Parquet file in the attempt's staging folder.
 
     Rows (``write``) and Arrow batches (``write_batch``) become the same file: row groups of exactly
-    ``batch_size`` rows (the last one smaller), the declared schema or else the one the first row group
-    infers, nullable columns. The committable's checksum is the file's SHA-256, so it says what was
-    staged whichever way it came (``sha256(b"")`` for a task without rows).
+    ``batch_size`` rows (the last one smaller), the declared schema or else the one the data infers,
+    nullable columns. An inferred schema grows where earlier data had no type (an empty list, an
+    all-null field: `merged_type`), rewriting the row groups already written, which is rare and keeps one
+    file per task; any other change is an error that asks for `columns`. The committable's checksum is
+    the file's SHA-256, so it says what was staged whichever way it came (``sha256(b"")`` for a task
+    without rows).
     """
 
     def __init__(self, config: FilesConfig | Mapping[str, Any]) -> None:
@@ -213,6 +223,7 @@ class FilesWriter:
         self._task: TaskContext | None = None
         self._dir: Path | None = None
         self._schema = self.config.arrow_schema()
+        self._declared = self._schema is not None
         self._rows: list[Row] = []  # rows not yet in Arrow form: converted batch_size at a time
         self._pending: list[pa.Table] = []  # Arrow data not yet in a row group
         self._pending_rows = 0
@@ -250,14 +261,22 @@ class FilesWriter:
 
         self._require()
         self._rows_to_arrow()
-        if self._schema is not None:  # declared, or established by the first row group
-            names = list(self._schema.names)
-            batch = exact_columns(batch, tuple(names), self._where)
-            types = [f.type for f in self._schema]
-            arrays = [as_declared(c, t, self._where) for c, t in zip(batch.columns, types, strict=True)]
-        else:
+        if not self._declared:
             names = unique_names(batch, self._where)
             arrays = [as_inferred(c, self._where) for c in batch.columns]
+            inferred = pa.Table.from_arrays(arrays, names=names)
+            if self._schema is None or inferred.schema == self._schema:
+                self._add(inferred)
+                self._count += batch.num_rows
+                self._write_full_groups()
+                return
+            self._grow(inferred.schema)
+            batch = pa.RecordBatch.from_arrays(arrays, names=names)
+        assert self._schema is not None
+        names = list(self._schema.names)
+        batch = exact_columns(batch, tuple(names), self._where)
+        types = [f.type for f in self._schema]
+        arrays = [as_declared(c, t, self._where) for c, t in zip(batch.columns, types, strict=True)]
         self._add(pa.Table.from_arrays(arrays, names=names))
         self._count += batch.num_rows
         self._write_full_groups()
@@ -273,14 +292,60 @@ class FilesWriter:
 
         if not self._rows:
             return
+        rows, self._rows = self._rows, []
         try:
-            table = pa.Table.from_pylist(self._rows, schema=self._schema)
-            if self._schema is None:
-                table = widened_decimals(table)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            if self._declared:
+                table = pa.Table.from_pylist(rows, schema=self._schema)
+            else:
+                table = self._inferred(rows)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise RowError(f"{self._where}: rows do not fit: {exc}") from exc
-        self._rows = []
         self._add(table)
+
+    def _inferred(self, rows: list[Row]) -> pa.Table:
+        """Rows as Arrow data of the schema their values infer, grown into the established one."""
+        import pyarrow as pa
+
+        try:
+            table = widened_decimals(pa.Table.from_pylist(rows))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            if self._schema is None:
+                raise
+            # e.g. a map as (key, value) pairs, which only a known map type reads
+            return pa.Table.from_pylist(rows, schema=self._schema)
+        if self._schema is None or table.schema == self._schema:
+            return table
+        self._grow(table.schema)
+        return pa.Table.from_pylist(rows, schema=self._schema)
+
+    def _grow(self, found: pa.Schema) -> None:
+        """Make the established schema hold data of schema ``found`` too (`merged_type`): pending data is
+        cast, and a file already begun is rewritten in the same row groups; else a `RowError`."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        assert self._schema is not None
+        merged = merged_type(pa.struct(list(self._schema)), pa.struct(list(found)))
+        if merged is None:
+            raise RowError(
+                f"{self._where}: rows changed schema from {_one_line(self._schema)} to {_one_line(found)}; "
+                "declare `columns` in the sink config (nested types as text, e.g. map<string,int> for "
+                "a dict of varying keys)"
+            )
+        target = pa.schema([merged.field(i) for i in range(merged.num_fields)])
+        if target == self._schema:
+            return
+        self._pending = [t.cast(target) for t in self._pending]
+        if self._parquet is not None:  # every group written so far is a full one: the same groups again
+            assert self._dir is not None
+            self._parquet.close()
+            part, rewritten = self._dir / PART, self._dir / f"{PART}.grown"
+            written = pq.read_table(part, schema=self._schema).cast(target)
+            self._parquet = pq.ParquetWriter(rewritten, target)
+            for start in range(0, written.num_rows, self.config.batch_size):
+                self._parquet.write_table(written.slice(start, self.config.batch_size))
+            os.replace(rewritten, part)
+        self._schema = target
 
     def _add(self, table: pa.Table) -> None:
         if self._schema is None:
@@ -344,6 +409,10 @@ class FilesWriter:
             self._parquet = None
         if self._dir is not None:
             self._area.remove(self._dir)
+
+
+def _one_line(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
 class FilesCommitter:
@@ -470,7 +539,10 @@ SINK_KIND = SinkKind(
         SinkSetting(
             "columns",
             "columns",
-            "the Parquet schema, `{name: Arrow type}` such as `int64`, `double`, `string`, `bool`",
+            "the Parquet schema, `{name: type}`: an Arrow type such as `int64`, `double`, `string`, `bool` "
+            "(Arrow's meaning: `float` is float32), or a row type's text such as "
+            "`array<struct<sku:string,qty:int>>`, `map<string,int>?`, `decimal(10,2)`, `timestamp` (UTC); "
+            "all nullable",
             default_from="inferred from the rows",
         ),
         SinkSetting("batch_size", "integer", "rows per Parquet row group", default=10_000, minimum=1),

@@ -15,7 +15,6 @@ has nothing to do. A pipeline with two Kafka sinks must give them distinct ``gro
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import struct
 import time
@@ -29,7 +28,7 @@ from onceflow.faults import crash_point
 from onceflow.names import check_name
 from onceflow.sinks._config import ConfigReader, deployment_default
 from onceflow.sinks._kafka_avro import AvroValues
-from onceflow.sinks._kafka_batches import json_records, raw_records
+from onceflow.sinks._kafka_batches import json_records, json_value, python_rows, raw_records
 from onceflow.sinks._kafka_deadline import KafkaUnreachable, ProducerOwner, within
 from onceflow.sinks.base import Committable, Row
 from onceflow.sinks.errors import (
@@ -66,9 +65,11 @@ class KafkaSinkConfig:
     partitioner for keyed records, default ``murmur2_random`` as in Java clients), ``group_id`` (default
     ``onceflow-{pipeline}``), ``timeout_s`` (per broker operation), ``value_format`` ("raw": rows are
     exactly ``key`` and ``value``; "json": any row becomes a JSON object, keyed by the text of column
-    ``key_column`` when given; "avro": any row becomes an Avro record of ``subject``'s latest schema in
-    the registry at ``schema_registry_url``, in the registry's wire format), ``name`` (the sink name,
-    narrowing ``orphans``)."""
+    ``key_column`` when given, nested values as objects and arrays (`_kafka_batches.json_value` says how
+    timestamps, dates, decimals and bytes are written: as a nested JSON format reads them back); "avro":
+    any row becomes an Avro record of ``subject``'s latest schema in the registry at
+    ``schema_registry_url``, in the registry's wire format, structs and maps as records and maps, lists
+    as arrays), ``name`` (the sink name, narrowing ``orphans``)."""
 
     topic: str
     staging_root: str
@@ -165,7 +166,7 @@ def json_record(row: Row, key_column: str | None) -> Row:
     if key_column is not None and key_column not in row:
         raise RowError(f"{KIND} sink: key_column {key_column!r} is not among the row's columns {sorted(row)}")
     key = None if key_column is None or row[key_column] is None else str(row[key_column])
-    return {"key": key, "value": json.dumps(dict(row), sort_keys=True, ensure_ascii=False, default=str)}
+    return {"key": key, "value": json_value(dict(row))}
 
 
 def encode_record(row: Row) -> bytes:
@@ -262,8 +263,8 @@ class KafkaWriter(StagedFileWriter):
     def write_batch(self, batch: pa.RecordBatch) -> None:
         """Stage an Arrow batch's records, encoded column-wise (see `_kafka_batches`) into the same
         bytes `write` stages for its rows."""
-        if self._avro is not None:  # Avro encodes values one by one: through the rows
-            self.write(batch.to_pylist())
+        if self._avro is not None:  # Avro encodes values one by one: through the rows (maps as dicts)
+            self.write(python_rows(batch))
             return
         out = self._out()
         if self.config.value_format == "json":
@@ -571,8 +572,10 @@ SINK_KIND = SinkKind(
             "value_format",
             "string",
             "`raw`: rows are exactly `key` and `value` (bytes or text); `json`: any row becomes a JSON "
-            "object; `avro`: any row becomes an Avro record of `subject`'s latest schema, in the schema "
-            "registry's wire format",
+            "object (structs and maps objects, arrays arrays; timestamps ISO-8601 text with an offset, "
+            "dates ISO text, decimals numbers with their exact digits, bytes base64 text); `avro`: any row "
+            "becomes an Avro record of `subject`'s latest schema (nested records, arrays and maps as it "
+            "declares them), in the schema registry's wire format",
             default="raw",
             choices=VALUE_FORMATS,
         ),
