@@ -56,6 +56,52 @@ def fields(i: int) -> dict[str, Any]:
     return head
 
 
+# The nested data set: an order with its items and a context object, padded to NESTED_RECORD_BYTES.
+NESTED_RECORD_BYTES = 600
+NESTED_ITEMS = 5
+NESTED_SCHEMA: dict[str, Any] = {
+    "id": "int",
+    "amount": "float",
+    "customer": "string",
+    "country": "string",
+    "items": [{"sku": "string", "qty": "int", "price": "float"}],
+    "ctx": {"ip": "string", "agent": "string"},
+    "note": "string",
+}
+# The nested pipeline's output: the flat projection and the items, nested as they came.
+NESTED_PROJECTED = (*PROJECTED, "items")
+
+
+def nested_fields(i: int) -> dict[str, Any]:
+    """Nested record ``i``: record i's fields, NESTED_ITEMS items and a context, with a ``note`` padding
+    its JSON to exactly NESTED_RECORD_BYTES."""
+    head = fields(i) | {
+        "items": [
+            {
+                "sku": f"sku-{(i * 31 + k) % 9973:04d}",
+                "qty": 1 + (i + k) % 4,
+                "price": (i * 13 + k * 7) % 5000 / 100,
+            }
+            for k in range(NESTED_ITEMS)
+        ],
+        "ctx": {
+            "ip": f"10.{i % 256}.{i // 256 % 256}.{i % 7}",
+            "agent": "bench",
+        },
+        "note": "",
+    }
+    pad = NESTED_RECORD_BYTES - len(json.dumps(head, separators=(",", ":")))
+    if pad < 0:
+        raise ValueError(f"nested record {i} is longer than {NESTED_RECORD_BYTES} bytes")
+    head["note"] = "x" * pad
+    return head
+
+
+def nested_record(i: int) -> bytes:
+    """Nested record ``i`` as JSON, exactly NESTED_RECORD_BYTES long."""
+    return json.dumps(nested_fields(i), separators=(",", ":")).encode()
+
+
 def record(i: int) -> bytes:
     """Record ``i`` as JSON, exactly RECORD_BYTES long."""
     return json.dumps(fields(i), separators=(",", ":")).encode()

@@ -10,12 +10,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bench.dataset import MIN_AMOUNT, PROJECTED, SCHEMA
-from onceflow.pipeline import AvroFormat, Guarantee, JsonFormat, KafkaSource, Pipeline, SinkSpec
+from bench.dataset import MIN_AMOUNT, NESTED_PROJECTED, PROJECTED, SCHEMA
+from onceflow.pipeline import Guarantee, JsonFormat, KafkaSource, Pipeline, RecordFormat, SinkSpec
 
 SPEC_ENV = "ONCEFLOW_BENCH_SPEC"
 SPEC_PATH = "bench.pipelines:SPEC"
 TRANSFORM = "bench.pipelines:filter_project"
+NESTED_TRANSFORM = "bench.pipelines:filter_project_nested"
 PG_COLUMNS = {"id": "bigint", "amount": "double precision", "customer": "text"}
 
 # What each measured configuration writes to: (guarantee, sink kind).
@@ -30,6 +31,11 @@ SINKS: dict[str, tuple[Guarantee, str]] = {
 def filter_project(frame: Any) -> Any:
     """The benchmark's work after decoding: keep amount >= MIN_AMOUNT, project three columns."""
     return frame.where(frame.amount >= MIN_AMOUNT).select(*PROJECTED)
+
+
+def filter_project_nested(frame: Any) -> Any:
+    """The nested data set's work: the same filter, the three columns and the items as they came."""
+    return frame.where(frame.amount >= MIN_AMOUNT).select(*NESTED_PROJECTED)
 
 
 def kafka_records(frame: Any) -> Any:
@@ -62,15 +68,17 @@ def bench_pipeline(
     *,
     batch_per_partition: int,
     output_topic: str | None = None,
-    fmt: AvroFormat | None = None,
+    fmt: RecordFormat | None = None,
+    transform: str | None = None,
 ) -> Pipeline:
-    """``fmt``: an Avro format for a topic of the data set's records as Avro (the Avro step), else JSON."""
+    """``fmt``: the data set's format where it is not the flat JSON one (the Avro step's Avro, the
+    nested step's JSON), with its ``transform``."""
     guarantee = SINKS[config][0]
     return Pipeline(
         name=name,
         source=KafkaSource(topics=(topic,)),
         format=fmt or JsonFormat(schema=SCHEMA),
-        transform="bench.pipelines:kafka_records" if config == "kafka" else TRANSFORM,
+        transform=transform or ("bench.pipelines:kafka_records" if config == "kafka" else TRANSFORM),
         sinks=(sink_spec(config, name, workdir, output_topic),),
         guarantee=guarantee,
         max_records_per_partition=batch_per_partition,

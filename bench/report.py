@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +287,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _notes_section(results)
     lines += _throughput_section(results)
     lines += _avro_section(results)
+    lines += _nested_section(results)
     lines += _commit_section(results)
     lines += _protocol_section(results)
     lines += _overhead_section(results)
@@ -499,13 +501,64 @@ def avro_summary(entry: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+# The nested step's systems and ratios: "files" reads the flat JSON data set, the "_nested" ones the
+# nested one (orders with their items), onceflow on each read path.
+NESTED_SYSTEMS = {
+    "files": "onceflow → Parquet, flat JSON",
+    "files_nested": "onceflow → Parquet, nested (Python read)",
+    "files_nested_jvm": "onceflow → Parquet, nested (JVM read)",
+    "spark_structured_streaming": "Structured Streaming, flat from_json",
+    "spark_structured_streaming_nested": "Structured Streaming, nested from_json",
+}
+NESTED_RATIOS = {
+    "nested_vs_sss": "onceflow nested (Python read) ÷ Structured Streaming nested",
+    "nested_jvm_vs_sss": "onceflow nested (JVM read) ÷ Structured Streaming nested",
+    "nested_vs_flat": "onceflow nested ÷ flat (Python read)",
+}
+
+
+def nested_ratios(round_: dict[str, Any]) -> dict[str, float]:
+    """The nested step's ratios of one round (NaN where a system did not run)."""
+    rate = {k: round_[k]["records_per_s"] if k in round_ else float("nan") for k in NESTED_SYSTEMS}
+    return {
+        "nested_vs_sss": rate["files_nested"] / rate["spark_structured_streaming_nested"],
+        "nested_jvm_vs_sss": rate["files_nested_jvm"] / rate["spark_structured_streaming_nested"],
+        "nested_vs_flat": rate["files_nested"] / rate["files"],
+    }
+
+
+def nested_summary(entry: dict[str, Any]) -> str:
+    """One round of the nested step in one line, for the bench's log."""
+    parts = [f"{key} {entry[key]['records_per_s']:.0f}/s" for key in NESTED_SYSTEMS if key in entry]
+    parts += [f"{key} {value:.2f}" for key, value in nested_ratios(entry).items() if value == value]
+    return ", ".join(parts)
+
+
+def _nested_section(results: dict[str, Any]) -> list[str]:
+    intro = (
+        "Two topics: the flat data set, and orders with five items and a context object each (same "
+        "id, amount and customer; padded to the size below). In each round, back to back: the "
+        "exactly-once files pipeline on the flat topic, on the nested one with the Python read path "
+        "(the default) and with the JVM read path (`ONCEFLOW_JSON_READ=jvm`), writing the three "
+        "columns and the items as they came; then Structured Streaming on each topic with `from_json` "
+        "and the flat or nested `StructType`, writing the same columns. Ratios are taken within each "
+        "round; the last row is the median."
+    )
+
+    def size_line(size: str, found: dict[str, Any], runtime: str) -> str:
+        return (
+            f"{int(size):,} records; a value is {found['json_value_bytes']:g} bytes flat, "
+            f"{found['nested_value_bytes']:g} nested; onceflow runtime: {runtime}."
+        )
+
+    title = "## Nested JSON beside flat JSON (records/s, end to end)"
+    return _ratio_section(
+        results.get("nested", {}), title, intro, size_line, NESTED_SYSTEMS, NESTED_RATIOS, nested_ratios
+    )
+
+
 def _avro_section(results: dict[str, Any]) -> list[str]:
-    avro = results.get("avro", {})
-    if not avro:
-        return []
-    lines = [
-        "## Avro beside JSON (records/s, end to end)",
-        "",
+    intro = (
         "The same records (the same fields and values, the JSON's padding note included) in two topics: "
         "as JSON, and as Avro in the schema registry wire format (magic byte, 4-byte schema id, body) "
         "with the schema registered in the registry named below. In each round, back to back: the "
@@ -515,31 +568,54 @@ def _avro_section(results: dict[str, Any]) -> list[str]:
         "onceflow read both on its JVM path (before JSON's default became the Python reader): Spark's "
         "Kafka source with `from_json`, or with `from_avro` "
         "and the writer schemas of the topic's subject (`<topic>-value`, where the schema is "
-        "registered); each slice's log line names the path it took.",
-        "",
-    ]
-    for size, found in sorted(avro.items(), key=lambda item: int(item[0])):
+        "registered); each slice's log line names the path it took."
+    )
+
+    def size_line(size: str, found: dict[str, Any], runtime: str) -> str:
+        return (
+            f"{int(size):,} records; a value is {found['json_value_bytes']:g} bytes as JSON, "
+            f"{found['avro_value_bytes']:.1f} as Avro; schema in {found['registry']}; onceflow runtime: "
+            f"{runtime}."
+        )
+
+    title = "## Avro beside JSON (records/s, end to end)"
+    return _ratio_section(
+        results.get("avro", {}), title, intro, size_line, AVRO_SYSTEMS, AVRO_RATIOS, avro_ratios
+    )
+
+
+def _ratio_section(
+    by_size: dict[str, Any],
+    title: str,
+    intro: str,
+    size_line: Callable[[str, dict[str, Any], str], str],
+    systems_named: dict[str, str],
+    ratios_named: dict[str, str],
+    ratios: Callable[[dict[str, Any]], dict[str, float]],
+) -> list[str]:
+    """A step measured in rounds of several systems: per size, a row per round with each system's rate
+    and the round's ratios, then the medians; a system or ratio no round has is left out."""
+    if not by_size:
+        return []
+    lines = [title, "", intro, ""]
+    for size, found in sorted(by_size.items(), key=lambda item: int(item[0])):
         rounds = found["rounds"]
         if not rounds:
             continue
-        systems = [key for key in AVRO_SYSTEMS if key in rounds[0]]
-        shown = [
-            key for key in AVRO_RATIOS if any(avro_ratios(r)[key] == avro_ratios(r)[key] for r in rounds)
-        ]
+        systems = [key for key in systems_named if key in rounds[0]]
+        shown = [key for key in ratios_named if any(ratios(r)[key] == ratios(r)[key] for r in rounds)]
         lines += [
-            f"{int(size):,} records; a value is {found['json_value_bytes']:g} bytes as JSON, "
-            f"{found['avro_value_bytes']:.1f} as Avro; schema in {found['registry']}; onceflow runtime: "
-            f"{rounds[0].get('runtime', 'spark-submit, one per slice')}.",
+            size_line(size, found, rounds[0].get("runtime", "spark-submit, one per slice")),
             "",
             "| round | load average before | "
-            + " | ".join(AVRO_SYSTEMS[k] for k in systems)
+            + " | ".join(systems_named[k] for k in systems)
             + " | "
-            + " | ".join(AVRO_RATIOS[k] for k in shown)
+            + " | ".join(ratios_named[k] for k in shown)
             + " |",
             "| --- | --- | " + " | ".join("---" for _ in (*systems, *shown)) + " |",
         ]
         for n, r in enumerate(rounds, 1):
-            ratio = avro_ratios(r)
+            ratio = ratios(r)
             lines.append(
                 f"| {n} | {r['load_before'][0]:.2f} | "
                 + " | ".join(_fmt(r[k]["records_per_s"]) for k in systems)
@@ -548,7 +624,7 @@ def _avro_section(results: dict[str, Any]) -> list[str]:
                 + " |"
             )
         rates = {k: [r[k]["records_per_s"] for r in rounds] for k in systems}
-        ratio_values = {k: [avro_ratios(r)[k] for r in rounds] for k in shown}
+        ratio_values = {k: [ratios(r)[k] for r in rounds] for k in shown}
         lines.append(
             "| median | | "
             + " | ".join(f"{_fmt(median(v))} ({spread(v)})" for v in rates.values())

@@ -12,6 +12,9 @@ Steps:
 4b. Avro beside JSON (``--steps avro``): the same records as Avro in the registry wire format, per round
    the files pipeline on the JSON and on the Avro topic, Structured Streaming with from_json and with
    from_avro;
+4c. nested JSON beside flat JSON (``--steps nested``): orders with five items, per round the files
+   pipeline on the flat topic and on the nested one (each read path), Structured Streaming with the
+   flat and the nested StructType;
 5. peak memory of epochs of a fixed batch on the largest data set;
 5b. the warm runtime's memory over many distinct pipelines and epochs (``--steps runtime_memory``);
 6. the report.
@@ -38,14 +41,23 @@ from pathlib import Path
 from typing import Any
 
 from bench import commit_cost, report
-from bench.dataset import PARTITIONS, RECORD_BYTES, Dataset, create_topic, delete_topics, kept, produce
+from bench.dataset import (
+    NESTED_RECORD_BYTES,
+    PARTITIONS,
+    RECORD_BYTES,
+    Dataset,
+    create_topic,
+    delete_topics,
+    kept,
+    produce,
+)
 from bench.epochs import PipelineRun, run_to_end, runtime_pids
 from bench.ledgers import postgres_ledger, sqlite_ledger
 from bench.limit import read_all
 from bench.pipelines import bench_pipeline
 from onceflow import redact
 from onceflow.config import Settings
-from onceflow.pipeline import AvroFormat
+from onceflow.pipeline import AvroFormat, JsonFormat, RecordFormat
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SIZES = (100_000, 1_000_000)
@@ -322,6 +334,65 @@ class Bench:
             }
         self.record("avro", out)
 
+    def nested(self, sizes: tuple[int, ...], peer_sizes: tuple[int, ...]) -> None:
+        """Nested JSON beside flat JSON: per round, the files pipeline on the flat data set, on the nested
+        one (orders with NESTED_ITEMS items, NESTED_RECORD_BYTES bytes; the items written as they
+        came) with each read path, then Structured Streaming on each (``from_json`` with the flat or the
+        nested ``StructType``) at ``peer_sizes``; ratios within each round."""
+        from bench.dataset import NESTED_SCHEMA, nested_record
+        from bench.peers import runs as peer_runs
+        from bench.pipelines import NESTED_TRANSFORM
+
+        fmt = JsonFormat(schema=NESTED_SCHEMA)
+        jvm = dataclasses.replace(self.settings, json_read="jvm")
+        out: dict[str, Any] = {}
+        for size in sizes:
+            flat = produce(self.settings.kafka_bootstrap, size)
+            topics = [flat.topic]
+            rounds = []
+            try:
+                nested = produce(
+                    self.settings.kafka_bootstrap, size, prefix="bench-nested", value=nested_record
+                )
+                topics.append(nested.topic)
+                say(f"data sets: {size} records as flat JSON and as nested JSON in {nested.topic}")
+                for n in range(self.runs):
+                    entry: dict[str, Any] = {"load_before": load_average(), "runtime": self.runtime}
+                    entry["files"] = self._pipeline(
+                        "files", flat, self.settings, BATCH_PER_PARTITION
+                    ).to_dict()
+                    for key, settings in (("files_nested", self.settings), ("files_nested_jvm", jvm)):
+                        run = self._pipeline(
+                            "files",
+                            nested,
+                            settings,
+                            BATCH_PER_PARTITION,
+                            fmt=fmt,
+                            transform=NESTED_TRANSFORM,
+                        )
+                        entry[key] = run.to_dict()
+                    if size in peer_sizes:
+                        batch = BATCH_PER_PARTITION * PARTITIONS
+                        for key, data, is_nested in (
+                            ("spark_structured_streaming", flat, False),
+                            ("spark_structured_streaming_nested", nested, True),
+                        ):
+                            sss = peer_runs.structured_streaming(
+                                self.settings, data, self.workdir, batch, nested=is_nested
+                            )
+                            entry[key] = dataclasses.asdict(sss) | {"records_per_s": sss.records_per_s}
+                    entry["load_after"] = load_average()
+                    rounds.append(entry)
+                    say(f"nested {size} records, round {n + 1}: " + report.nested_summary(entry))
+            finally:
+                delete_topics(self.settings.kafka_bootstrap, topics)
+            out[str(size)] = {
+                "json_value_bytes": RECORD_BYTES,
+                "nested_value_bytes": NESTED_RECORD_BYTES,
+                "rounds": rounds,
+            }
+        self.record("nested", out)
+
     def limit_only(self, sizes: tuple[int, ...]) -> None:
         """The smoke run's stand-in for step 4: the read limit only, no Spark."""
         out: dict[str, Any] = {}
@@ -380,15 +451,23 @@ class Bench:
         *,
         stop_after: int | None = None,
         remote: str | bool | None = True,
-        fmt: AvroFormat | None = None,
+        fmt: RecordFormat | None = None,
+        transform: str | None = None,
     ) -> PipelineRun:
         """``remote``: True for the bench's runtime (the warm one when set), else the server or None.
-        ``fmt``: the Avro format of an Avro data set (JSON otherwise)."""
+        ``fmt``: the format of an Avro or nested data set (flat JSON otherwise), with its ``transform``."""
         from bench import sinks_check
 
-        name = f"bench-{config.replace('_', '')}{'avro' if fmt else ''}-{uuid.uuid4().hex[:8]}"
+        kind = "avro" if isinstance(fmt, AvroFormat) else "nested" if fmt is not None else ""
+        name = f"bench-{config.replace('_', '')}{kind}-{uuid.uuid4().hex[:8]}"
         spec = bench_pipeline(
-            config, name, data.topic, self.workdir, batch_per_partition=batch_per_partition, fmt=fmt
+            config,
+            name,
+            data.topic,
+            self.workdir,
+            batch_per_partition=batch_per_partition,
+            fmt=fmt,
+            transform=transform,
         )
         records = min(stop_after or data.records, data.records)
         server = self.remote if remote is True else (remote or None)
@@ -512,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         "protocol": lambda: bench.sink_protocol(protocol_sizes),
         "throughput": lambda: bench.throughput(sizes, pg_sizes, peer_sizes),
         "avro": lambda: bench.avro(sizes, peer_sizes),
+        "nested": lambda: bench.nested(sizes, peer_sizes),
         "memory": lambda: bench.memory(max(sizes)),
         "runtime_memory": lambda: bench.runtime_memory(args.runtime_pipelines, args.runtime_epochs),
     }

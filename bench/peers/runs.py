@@ -52,11 +52,18 @@ def _run(name: str, command: list[str], env: dict[str, str], data: Dataset) -> t
 
 
 def structured_streaming(
-    settings: Settings, data: Dataset, workdir: Path, batch: int, avro_schema: str | None = None
+    settings: Settings,
+    data: Dataset,
+    workdir: Path,
+    batch: int,
+    avro_schema: str | None = None,
+    *,
+    nested: bool = False,
 ) -> PeerRun:
     """spark-submit the Structured Streaming job with the same master and settings as onceflow's slices.
 
     ``avro_schema`` (JSON text): the topic holds Avro in the registry wire format, read with ``from_avro``.
+    ``nested``: the topic holds the nested data set.
     """
     run_dir = workdir / f"sss-{uuid.uuid4().hex[:8]}"
     jars = [*spark_kafka_jars(), *(spark_avro_jars() if avro_schema else [])]
@@ -74,6 +81,7 @@ def structured_streaming(
         "--max-offsets", str(batch),
         "--min-amount", str(MIN_AMOUNT),
         *(["--avro-schema", avro_schema] if avro_schema else []),
+        *(["--nested"] if nested else []),
     ]  # fmt: skip
     env = spark_environment(settings)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
@@ -83,7 +91,7 @@ def structured_streaming(
         shutil.rmtree(run_dir, ignore_errors=True)
     if summary["rows"] != kept(data.records):
         raise PeerFailed(f"Structured Streaming wrote {summary['rows']} rows, expected {kept(data.records)}")
-    name = "spark_structured_streaming_avro" if avro_schema else "spark_structured_streaming"
+    name = "spark_structured_streaming" + ("_avro" if avro_schema else "_nested" if nested else "")
     return PeerRun(name, data.records, wall, summary["processing_s"], summary["rows"], memory)
 
 

@@ -2,7 +2,9 @@
 projection with the Kafka source, ``trigger(availableNow=True)`` and ``foreachBatch`` writing Parquet.
 With ``--avro-schema``, the values are Avro in the schema registry wire format instead of JSON: the
 5-byte header (magic byte, schema id) is cut off and the body read by spark-avro's ``from_avro`` with that
-schema, which is how a Spark job reads such a topic without a registry client.
+schema, which is how a Spark job reads such a topic without a registry client. With ``--nested``, the
+values are the nested data set's orders, read with ``from_json`` and a nested ``StructType``, and the
+items are written with the three columns.
 
 Each micro-batch overwrites ``out/batch=<id>``: a replayed batch id rewrites the same folder, which is how
 foreachBatch output is made idempotent (Spark itself gives foreachBatch at-least-once). The checkpoint's
@@ -19,7 +21,7 @@ import time
 def main() -> None:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
-    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+    from pyspark.sql.types import ArrayType, DoubleType, LongType, StringType, StructField, StructType
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--bootstrap", required=True)
@@ -29,6 +31,7 @@ def main() -> None:
     parser.add_argument("--max-offsets", type=int, required=True, help="records per micro-batch")
     parser.add_argument("--min-amount", type=float, required=True)
     parser.add_argument("--avro-schema", help="the writer's Avro schema (JSON text): values are Avro")
+    parser.add_argument("--nested", action="store_true", help="the nested data set: orders with items")
     args = parser.parse_args()
 
     spark = SparkSession.builder.appName("onceflow-bench-structured-streaming").getOrCreate()
@@ -41,6 +44,25 @@ def main() -> None:
             StructField("note", StringType()),
         ]
     )
+    projected = ["id", "amount", "customer"]
+    if args.nested:
+        item = StructType(
+            [
+                StructField("sku", StringType()),
+                StructField("qty", LongType()),
+                StructField("price", DoubleType()),
+            ]
+        )
+        context = StructType([StructField("ip", StringType()), StructField("agent", StringType())])
+        schema = StructType(
+            [
+                *schema.fields[:4],
+                StructField("items", ArrayType(item)),
+                StructField("ctx", context),
+                schema.fields[4],
+            ]
+        )
+        projected.append("items")
     records = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", args.bootstrap)
@@ -57,12 +79,7 @@ def main() -> None:
         decoded = from_avro(F.expr("substring(value, 6)"), args.avro_schema).alias("r")
     else:
         decoded = F.from_json(F.col("value").cast("string"), schema).alias("r")
-    rows = (
-        records.select(decoded)
-        .select("r.*")
-        .where(F.col("amount") >= args.min_amount)
-        .select("id", "amount", "customer")
-    )
+    rows = records.select(decoded).select("r.*").where(F.col("amount") >= args.min_amount).select(*projected)
     batches = []
 
     def write(frame, batch_id):  # type: ignore[no-untyped-def]
