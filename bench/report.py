@@ -496,8 +496,13 @@ def avro_ratios(round_: dict[str, Any]) -> dict[str, float]:
 
 def avro_summary(entry: dict[str, Any]) -> str:
     """One round of the Avro step in one line, for the bench's log."""
-    parts = [f"{key} {entry[key]['records_per_s']:.0f}/s" for key in AVRO_SYSTEMS if key in entry]
-    parts += [f"{key} {value:.2f}" for key, value in avro_ratios(entry).items() if value == value]
+    return _round_line(entry, AVRO_SYSTEMS, avro_ratios(entry))
+
+
+def _round_line(entry: dict[str, Any], systems: dict[str, str], ratios: dict[str, float]) -> str:
+    """A round's rates and the ratios it could take (not NaN), in one line."""
+    parts = [f"{key} {entry[key]['records_per_s']:.0f}/s" for key in systems if key in entry]
+    parts += [f"{key} {value:.2f}" for key, value in ratios.items() if value == value]
     return ", ".join(parts)
 
 
@@ -519,7 +524,7 @@ NESTED_RATIOS = {
 
 def nested_ratios(round_: dict[str, Any]) -> dict[str, float]:
     """The nested step's ratios of one round (NaN where a system did not run)."""
-    rate = {k: round_[k]["records_per_s"] if k in round_ else float("nan") for k in NESTED_SYSTEMS}
+    rate = {key: _rate(round_, key) for key in NESTED_SYSTEMS}
     return {
         "nested_vs_sss": rate["files_nested"] / rate["spark_structured_streaming_nested"],
         "nested_jvm_vs_sss": rate["files_nested_jvm"] / rate["spark_structured_streaming_nested"],
@@ -529,9 +534,7 @@ def nested_ratios(round_: dict[str, Any]) -> dict[str, float]:
 
 def nested_summary(entry: dict[str, Any]) -> str:
     """One round of the nested step in one line, for the bench's log."""
-    parts = [f"{key} {entry[key]['records_per_s']:.0f}/s" for key in NESTED_SYSTEMS if key in entry]
-    parts += [f"{key} {value:.2f}" for key, value in nested_ratios(entry).items() if value == value]
-    return ", ".join(parts)
+    return _round_line(entry, NESTED_SYSTEMS, nested_ratios(entry))
 
 
 def _nested_section(results: dict[str, Any]) -> list[str]:
