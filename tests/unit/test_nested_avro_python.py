@@ -259,6 +259,76 @@ def test_a_writers_null_where_the_reader_requires_a_nested_value_is_named_by_its
     assert isinstance(row, dict) and [i["sku"] for i in row["items"]] == ["a", "b"]
 
 
+def _retyped(old: str, new: str) -> dict[str, Any]:
+    text = json.dumps(ORDER)
+    assert old in text
+    return json.loads(text.replace(old, new))
+
+
+QTY_TEXT = [{"sku": "a", "qty": "2", "ref": REF}, {"sku": "b", "qty": "x", "ref": REF}]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "changes", "place"),
+    [
+        # An array element's field of another type: the first element read names it.
+        (
+            '{"name": "qty", "type": "int"}',
+            '{"name": "qty", "type": "string"}',
+            {"items": QTY_TEXT},
+            "items[0].qty",
+        ),
+        # A map's values of a nullable type: resolved value by value, the first one not null names it.
+        (
+            '"values": ["null", "long"]',
+            '"values": ["null", "string"]',
+            {"attrs": {"n": None, "c": "3"}},
+            'attrs["c"]',
+        ),
+        # A map whose values are arrays of another element type: the map itself.
+        ('"items": "double"', '"items": "string"', {"grid": {"r": ["0.5"]}}, "grid"),
+        # Inside a nullable record.
+        (
+            '{"name": "city", "type": "string"}',
+            '{"name": "city", "type": "int"}',
+            {"ship": {"city": 6}},
+            "ship.city",
+        ),
+        # A reader field the writer's nested record lacks, without a default.
+        ('{"name": "city", "type": "string"}, ', "", {"ship": {"zip": None}}, "ship.city"),
+        # A top-level field.
+        ('{"name": "id", "type": "long"}', '{"name": "id", "type": "string"}', {"id": "7"}, "id"),
+    ],
+)
+def test_a_writer_whose_nested_type_does_not_resolve_is_named_by_its_path(
+    tmp_path: Path, old: str, new: str, changes: dict[str, Any], place: str
+) -> None:
+    writer = _retyped(old, new)
+    fmt = AvroFormat(
+        schema_file=avsc(tmp_path, ORDER),
+        wire="plain",
+        writer_schema_file=avsc(tmp_path, writer, "writer.avsc"),
+    )
+    found = reason(decode(fmt, body(writer, order(**changes))))
+    expected = f"writer schema of the format does not resolve to the reader schema at field {place!r} ("
+    assert found.startswith(f"incompatible_schema: {expected}"), found
+
+
+def test_a_nested_type_that_does_not_resolve_fails_only_records_that_hold_a_value_of_it(
+    tmp_path: Path,
+) -> None:
+    """fastavro resolves value by value: no item, no item field to resolve."""
+    writer = _retyped('{"name": "qty", "type": "int"}', '{"name": "qty", "type": "string"}')
+    fmt = AvroFormat(
+        schema_file=avsc(tmp_path, ORDER),
+        wire="plain",
+        writer_schema_file=avsc(tmp_path, writer, "writer.avsc"),
+    )
+    row = decode(fmt, body(writer, order(items=[])))
+    assert isinstance(row, dict) and row["items"] == []
+    assert "at field 'items[0].qty'" in reason(decode(fmt, body(writer, order(items=QTY_TEXT))))
+
+
 def _record(*fields: dict[str, Any], name: str = "Top") -> dict[str, Any]:
     return {"type": "record", "name": name, "fields": list(fields)}
 

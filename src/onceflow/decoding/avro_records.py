@@ -209,9 +209,11 @@ class AvroDecoder:
                         "null_field",
                         f"field {found!r} is null (writer schema {which}), the reader schema requires it",
                     )
+        place = _unresolved_place(written, writer, self.reader)
+        at = "" if place is None else f" at field {place!r}"
         return AvroReject(
             "incompatible_schema",
-            f"writer schema {which} does not resolve to the reader schema ({_short(exc)})",
+            f"writer schema {which} does not resolve to the reader schema{at} ({_short(exc)})",
         )
 
 
@@ -231,6 +233,86 @@ def _null_at(path: str, value: Any, t: SchemaType) -> str | None:
         for key, item in value.items():
             if found := _null_at(key_path(path, key), item, t.value):
                 return found
+    return None
+
+
+def _unresolved_place(written: Any, writer: Any, reader: Any) -> str | None:
+    """The path of the value at which fastavro's resolution of ``writer`` (the record as written,
+    ``written``) to ``reader`` failed: the first value, in the order fastavro reads them, whose writer
+    type does not match the reader's (``items[0].qty``, ``counts`` for a map whose value types differ),
+    or the reader field that the writer lacks and that has no default. None when it cannot be told.
+    Both are parsed schemas; the match is fastavro's own."""
+    from fastavro import _read_py
+
+    # fastavro's own test of whether a writer type resolves to a reader type (untyped, hence Any).
+    match_schemas: Callable[..., Any] = _read_py.match_schemas
+    match_types: Callable[..., Any] = _read_py.match_types
+    named = {"writer": writer.get("__named_schemas", {}), "reader": reader.get("__named_schemas", {})}
+
+    def resolved(t: Any, side: str) -> Any:
+        return named[side].get(t, t) if isinstance(t, str) else t
+
+    def walk(path: str, value: Any, w: Any, r: Any) -> str | None:
+        w, r = resolved(w, "writer"), resolved(r, "reader")
+        if isinstance(w, list):  # the branch the value was written with
+            w = resolved(_written_branch(value, w), "writer")
+            if w is None:
+                return None
+        if isinstance(r, list):  # fastavro reads with the first reader branch the writer's type matches
+            r = resolved(next((b for b in r if match_types(w, b, named)), None), "reader")
+            if r is None:
+                return path
+        if match_schemas(w, r, named, raise_on_error=False) is None:
+            return path
+        kind = w.get("type") if isinstance(w, dict) else w
+        if kind == "record" and isinstance(value, dict) and isinstance(r, dict):
+            unread = {f["name"]: f for f in r["fields"]}
+            aliases = {alias: f for f in r["fields"] for alias in f.get("aliases", ())}
+            for field in w["fields"]:
+                read = unread.get(field["name"]) or aliases.get(field["name"])
+                if read is None:
+                    continue  # skipped
+                unread.pop(read["name"], None)
+                inner = field_path(path, read["name"]) if path else read["name"]
+                if (found := walk(inner, value.get(field["name"]), field["type"], read["type"])) is not None:
+                    return found
+            missing = [name for name, f in unread.items() if "default" not in f]
+            if missing:
+                return field_path(path, missing[0]) if path else missing[0]
+        if kind == "array" and isinstance(value, list) and isinstance(r, dict):
+            for index, item in enumerate(value):
+                if (found := walk(f"{path}[{index}]", item, w["items"], r["items"])) is not None:
+                    return found
+        if kind == "map" and isinstance(value, dict) and isinstance(r, dict):
+            for key, item in value.items():
+                if (found := walk(key_path(path, key), item, w["values"], r["values"])) is not None:
+                    return found
+        return None
+
+    if not isinstance(written, dict):
+        return None
+    try:
+        top = walk("", written, writer, reader)
+    except Exception:  # a schema this walk does not follow: the reason goes without a place
+        return None
+    return top or None
+
+
+def _written_branch(value: Any, union: list[Any]) -> Any:
+    """The branch of a writer's union that ``value`` was written with (None: not told apart)."""
+    if value is None:
+        return "null" if "null" in union else None
+    branches = [b for b in union if b != "null"]
+    if len(branches) == 1:
+        return branches[0]
+    from fastavro.validation import validate
+
+    for branch in branches:
+        try:
+            if validate(value, branch, raise_errors=False):
+                return branch
+        except Exception:  # a branch naming a type defined elsewhere in the schema
+            continue
     return None
 
 

@@ -10,7 +10,17 @@ capitals) between plainly good ones. Every logical type is there: decimals (byte
 timestamp-millis and -micros, dates (before 1582 too) and uuids. Both paths read the same ranges;
 the test asserts the same rows, the same dead letters with the same reasons and offsets, that the JVM
 turned the plainly good records into rows itself and no record Python rejects, and that each read task's
-records come out of its partition in offset order. A plain-wire format is checked the same way.
+records come out of its partition in offset order. A plain-wire format is checked the same way. A
+version with nested fields the reader does not read is not planned: the JVM path sends its records,
+good or cut inside a nested value, to Python wholly.
+
+Nested reader schemas (records in records 30 deep, arrays of records, arrays of arrays, maps, nullable
+unions) are read in Python on either path; their test reads a hostile topic in this process and on the
+slice's read path (Python workers behind the Spark Connect server, through Arrow): the same rows, the
+same dead letters, each reason naming the value at fault by its path (``items[0].qty``,
+``grid[1][1]``). Writers retype an array element's field, a map's values, an array's elements and the
+deepest value, or let a null into an array or a record inside an array; bodies are cut, padded or
+garbled inside nested values; a 10^5-element array is a row.
 
 Writer schemas come from a folder (`FolderSchemaRegistry`, ``file://``): there is no registry server.
 The tests run on the Spark Connect server only: a classic session builds the same expressions, and the
@@ -32,16 +42,23 @@ from confluent_kafka import Producer
 from fastavro import parse_schema, schemaless_writer
 
 from onceflow.config import Settings
-from onceflow.decoding.records import DeadLetter
 from onceflow.decoding.schema_registry import FolderSchemaRegistry
 from onceflow.engine.jvm_avro import writer_plans
-from onceflow.engine.jvm_checks import kafka_source_missing
-from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, python_read, task_kafka_frame
+from onceflow.engine.jvm_read import python_read
 from onceflow.engine.plan_inspection import physical_plan, plan_leaves, plan_operators
-from onceflow.engine.read_path import JVM, decoded_read
+from onceflow.engine.read_path import JVM, PYTHON, decoded_read
 from onceflow.executor.slices import SliceRef
 from onceflow.pipeline import AvroFormat, KafkaSource, Pipeline, SinkSpec
-from tests.integration.engine.test_jvm_conformance import _in_offset_order, _key, _ranges, _tasks
+from tests.integration.engine.conformance import (
+    Conformed,
+    assert_conforms,
+    assert_same_reads,
+    in_offset_order,
+    read_in_process,
+    read_tasks,
+    split_collected,
+    topic_ranges,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -91,8 +108,24 @@ PROMOTED = {
     "fields": [{**f, "type": "int"} if f["name"] == "id" else f for f in COMMON + ADDED],
 }
 TEXT_ID = {"type": "record", "name": "Payment", "fields": [{"name": "id", "type": "string"}]}
-SCHEMAS = {11: V1, 12: V2, 13: V3, 21: PROMOTED, 22: TEXT_ID}
-SUBJECTS = {11: "pay-value", 12: "pay-value", 13: "pay-value", 21: "other-value", 22: "other-value"}
+# Version 4 adds nested fields the reader does not have: the JVM plans no nested writer schema, so its
+# records go to Python wholly, which skips those values (and finds a body cut inside them).
+LINE = {
+    "type": "record",
+    "name": "Line",
+    "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}],
+}
+V4 = {
+    "type": "record",
+    "name": "Payment",
+    "fields": [
+        *V2["fields"],
+        {"name": "lines", "type": {"type": "array", "items": LINE}},
+        {"name": "attrs", "type": {"type": "map", "values": ["null", {"type": "array", "items": "long"}]}},
+    ],
+}
+SCHEMAS = {11: V1, 12: V2, 13: V3, 14: V4, 21: PROMOTED, 22: TEXT_ID}
+SUBJECTS = {n: "pay-value" if n < 20 else "other-value" for n in SCHEMAS}
 
 
 def raw_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -192,7 +225,12 @@ DOUBTFUL_GOOD: list[bytes] = [
     framed(12, payment(46, amount=b"\x00\x05")),  # a decimal in a longer two's complement than Java's
     framed(21, payment(44)),  # a promoted type: not planned
     framed(21, payment(45)),
+    framed(14, payment(47, lines=[{"sku": "a", "qty": 1}] * 3, attrs={"x": [1, 2], "y": None})),  # nested
+    framed(14, payment(48, lines=[], attrs={})),
 ]
+# A version 4 record whose nested values are the body's last bytes: the line and the map, then the end.
+NESTED_TAIL = framed(14, payment(75, lines=[{"sku": "abc", "qty": 1}], attrs={}))
+assert NESTED_TAIL.endswith(b"\x02\x06abc\x02\x00\x00")
 BAD: list[bytes] = [
     b"\x01" + framed(12, payment(50))[1:],  # bad magic byte
     b"",
@@ -217,19 +255,25 @@ BAD: list[bytes] = [
     framed(13, payment(66, score=None, flag=False)),
     framed(22, {"id": "text"}),  # a writer the reader cannot resolve
     framed(12, payment(67, memo="m" * MAX_BYTES)),  # oversized
+    NESTED_TAIL[:-4],  # cut inside a nested record, in a field the reader does not read
+    # a line count in ten bytes
+    NESTED_TAIL[:-8] + b"\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01" + NESTED_TAIL[-7:],
+    NESTED_TAIL[:-7] + b"\x7f" + NESTED_TAIL[-6:],  # a nested string of length -64
 ]
 
 
-def _schema_folder(folder: Path) -> str:
+def _schema_folder(
+    folder: Path, schemas: dict[int, Any] = SCHEMAS, subjects: dict[int, str] = SUBJECTS
+) -> str:
     folder.mkdir()
     entries = []
-    for schema_id, schema in SCHEMAS.items():
+    for schema_id, schema in schemas.items():
         (folder / f"v{schema_id}.avsc").write_text(json.dumps(schema))
         version = schema_id % 10
         entries.append(
             {
                 "id": schema_id,
-                "subject": SUBJECTS[schema_id],
+                "subject": subjects[schema_id],
                 "version": version,
                 "file": f"v{schema_id}.avsc",
             }
@@ -289,42 +333,13 @@ def _collected(frame: Any) -> list[Any]:
     return frame.select(*(exact(f) for f in frame.schema.fields)).collect()
 
 
-def _both_paths(spark: Any, ref: SliceRef, tasks: list[Any]) -> tuple[Any, ...]:
-    """Python's rows and dead letters (the Python read path, through Spark like a slice's), the
-    JVM's, the JVM's records in read order, and which records the JVM accepted itself."""
-    python = _collected(python_read(spark, ref, tasks))
+def _both_paths(spark: Any, ref: SliceRef, tasks: list[Any]) -> Conformed:
+    """Python's rows and dead letters (the Python read path, through Spark like a slice's) against the
+    JVM path's with the writer schemas the driver plans (`assert_conforms`)."""
+    python = split_collected(_collected(python_read(spark, ref, tasks)))
     registry = FolderSchemaRegistry(ref.settings.schema_registry_url.removeprefix("file://"))
     plans, _ = writer_plans(ref.pipeline.format, registry, [ref.slice_ranges[0].topic])
-    kafka, missing = kafka_source_missing(lambda: task_kafka_frame(spark, ref.bootstrap, tasks))
-    assert missing is None
-    frame, checked = jvm_read(kafka, ref, plans)
-    got = _collected(frame)
-    accepted = {
-        (r["partition"], r["offset"])
-        for r in checked.where("_accepted").select("partition", "offset").collect()
-    }
-
-    def split_rows(collected: list[Any]) -> tuple[list[Any], list[DeadLetter]]:
-        return (
-            [tuple(r)[:-1] for r in collected if r[DEAD_LETTER_COLUMN] is None],
-            [
-                DeadLetter.from_json(r[DEAD_LETTER_COLUMN])
-                for r in collected
-                if r[DEAD_LETTER_COLUMN] is not None
-            ],
-        )
-
-    return (*split_rows(python), *split_rows(got), got, accepted)
-
-
-def _same(rows: list[Any], dead: list[DeadLetter], jvm_rows: list[Any], jvm_dead: list[DeadLetter]) -> None:
-    offset_at = len(rows[0]) - 2
-
-    def order(r: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (r[offset_at - 1], r[offset_at])
-
-    assert sorted(jvm_rows, key=order) == sorted(rows, key=order)
-    assert sorted(map(_key, jvm_dead)) == sorted(map(_key, dead))
+    return assert_conforms(spark, ref, tasks, python, plans=plans, collect=_collected)
 
 
 def test_the_jvm_path_decodes_avro_as_the_python_reader_does(
@@ -337,17 +352,15 @@ def test_the_jvm_path_decodes_avro_as_the_python_reader_does(
     values = list(dict.fromkeys(values))  # each value once, doubtful and bad ones among the good
     assert set(values) == set(PLAIN_GOOD + DOUBTFUL_GOOD + BAD)
     _produce(settings.kafka_bootstrap, topic, values)
-    ranges = _ranges(settings.kafka_bootstrap, topic)
+    ranges = topic_ranges(settings.kafka_bootstrap, topic)
     spec = _pipeline(topic, AvroFormat(subject="pay-value", key_field="key").pin(json.dumps(V2)), tmp_path)
     local = dataclasses.replace(settings, schema_registry_url=_schema_folder(tmp_path / "schemas"))
     ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=local)
-    tasks = _tasks(spec, ranges)
+    tasks = read_tasks(spec, ranges)
 
-    rows, dead, jvm_rows, jvm_dead, got, accepted = _both_paths(spark, ref, tasks)
+    conformed = _both_paths(spark, ref, tasks)
+    rows, dead, got, accepted = conformed.rows, conformed.dead, conformed.got, conformed.accepted
     assert len(rows) + len(dead) == len(values) + 4  # the aborted records and the markers are skipped
-    _same(rows, dead, jvm_rows, jvm_dead)
-    offset_at = len(rows[0]) - 2
-    assert _in_offset_order(got, offset_at) == []
     codes = {d.code for d in dead}
     assert codes == {
         "bad_magic_byte",
@@ -389,12 +402,177 @@ def test_plain_avro_bodies_decode_alike_with_the_one_writer_schema(
     writer.write_text(json.dumps(V1))
     fmt = AvroFormat(schema_file=str(reader), wire="plain", writer_schema_file=str(writer))
     spec = _pipeline(topic, fmt, tmp_path)
-    ranges = _ranges(settings.kafka_bootstrap, topic)
+    ranges = topic_ranges(settings.kafka_bootstrap, topic)
     local = dataclasses.replace(settings, schema_registry_url=_schema_folder(tmp_path / "schemas"))
     ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=local)
-    rows, dead, jvm_rows, jvm_dead, got, accepted = _both_paths(spark, ref, _tasks(spec, ranges))
-    _same(rows, dead, jvm_rows, jvm_dead)
-    assert _in_offset_order(got, len(rows[0]) - 2) == []
+    conformed = _both_paths(spark, ref, read_tasks(spec, ranges))
+    rows, dead, accepted = conformed.rows, conformed.dead, conformed.accepted
     assert {d.code for d in dead} == {"malformed_avro"} and len(dead) == len(bad)
     assert len(rows) == len(good) + len(doubtful)
     assert len(accepted) == len(good)
+
+
+# ------------------------------------------------------------------------------------ nested records
+
+
+def _deep(levels: int, leaf: str) -> dict[str, Any]:
+    """``levels`` records, each the only field ``d`` of the one around it, ``leaf`` innermost."""
+    t: Any = leaf
+    for level in range(levels):
+        t = {"type": "record", "name": f"Level{level}", "fields": [{"name": "d", "type": t}]}
+    return t
+
+
+def _order_schema(
+    qty: Any = "int", tags: Any = "string", counts: Any = "int", cell: Any = "int", leaf: str = "long"
+) -> dict[str, Any]:
+    """An order: items in an array of records, a nullable context with an array, a map of counters, an
+    array of arrays and a value 30 records deep; the arguments retype one nested place each."""
+    item = {
+        "type": "record",
+        "name": "Item",
+        "fields": [
+            {"name": "sku", "type": "string"},
+            {"name": "qty", "type": qty},
+            {"name": "price", "type": ["null", "double"], "default": None},
+        ],
+    }
+    ctx = {
+        "type": "record",
+        "name": "Ctx",
+        "fields": [
+            {"name": "ip", "type": ["null", "string"]},
+            {"name": "tags", "type": {"type": "array", "items": tags}},
+        ],
+    }
+    return {
+        "type": "record",
+        "name": "Order",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "items", "type": {"type": "array", "items": item}},
+            {"name": "ctx", "type": ["null", ctx], "default": None},
+            {"name": "counts", "type": {"type": "map", "values": counts}},
+            {"name": "grid", "type": {"type": "array", "items": {"type": "array", "items": cell}}},
+            {"name": "deep", "type": _deep(30, leaf)},
+        ],
+    }
+
+
+ORDER = _order_schema()  # the reader, and writer 41
+ORDER_SCHEMAS = {
+    41: ORDER,
+    42: _order_schema(cell=["null", "int"]),  # a null may sit in the grid, which the reader refuses
+    43: _order_schema(qty="string"),  # items' qty a string: an array element's field of another type
+    44: _order_schema(counts="string"),  # a map's values of another type
+    45: _order_schema(leaf="string"),  # the deepest value of another type
+    46: _order_schema(qty=["null", "int"]),  # a null may sit in an item's qty
+    47: _order_schema(tags="int"),  # an array's elements of another type
+}
+ORDER_SUBJECTS = dict.fromkeys(ORDER_SCHEMAS, "order-value")
+ORDER_BYTES = 2_000_000
+
+
+def _level(levels: int, leaf: Any) -> Any:
+    return leaf if levels == 0 else {"d": _level(levels - 1, leaf)}
+
+
+def order(n: int, **changes: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "id": n,
+        "items": [{"sku": f"s{n}-{i}", "qty": i + 1, "price": i / 4 if i else None} for i in range(4)],
+        "ctx": {"ip": "10.0.0.1", "tags": ["a", "b"]},
+        "counts": {"seen": n, "kept": 1},
+        "grid": [[1, 2], [], [n]],
+        "deep": _level(30, n),
+    }
+    values.update(changes)
+    return values
+
+
+def order_framed(schema_id: int, values: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    schemaless_writer(out, parse_schema(ORDER_SCHEMAS[schema_id]), values)
+    return b"\x00" + struct.pack(">I", schema_id) + out.getvalue()
+
+
+def _item(qty: Any = 1) -> dict[str, Any]:
+    return {"sku": "x", "qty": qty, "price": None}
+
+
+# A record whose items are the body's bytes after the id: count 2, then "x", qty 1, no price, end.
+SHORT = order_framed(41, order(90, items=[_item()]))
+assert SHORT[5:12] == b"\xb4\x01\x02\x02x\x02\x00", SHORT[5:12]
+ORDER_GOOD: list[bytes] = [
+    order_framed(41, order(1)),
+    order_framed(41, order(2, ctx=None, items=[], counts={}, grid=[])),
+    order_framed(41, order(3, ctx={"ip": None, "tags": []}, counts={"a b": -1, "": 0, "naïve ☃": 2})),
+    order_framed(41, order(4, grid=[list(range(100_000))])),  # a 10^5-element array
+    order_framed(41, order(5, items=[_item(qty=-(2**31))] * 50, deep=_level(30, -(2**63)))),
+    order_framed(42, order(6, grid=[[1], [2, 3]])),  # a nullable writer without a null resolves
+    order_framed(43, order(7, items=[])),  # items' qty is never read: resolution is per value
+    order_framed(46, order(8, items=[_item(qty=5)] * 4)),
+    order_framed(47, order(9, ctx=None)),  # no tags to read
+]
+ORDER_BAD: dict[bytes, str] = {
+    order_framed(42, order(20, grid=[[1], [2, None]])): "null_field: field 'grid[1][1]' is null",
+    order_framed(43, order(21, items=[_item(qty="1")])): "at field 'items[0].qty'",
+    order_framed(44, order(22, counts={"ok": "1"})): "at field 'counts'",
+    order_framed(44, order(23, counts={})): "at field 'counts'",  # the map's type itself does not resolve
+    order_framed(45, order(24, deep=_level(30, "x"))): "at field 'deep" + ".d" * 30 + "'",
+    order_framed(
+        46, order(25, items=[_item(), _item(), _item(), _item(qty=None)])
+    ): "field 'items[3].qty' is null",
+    order_framed(47, order(26, ctx={"ip": "x", "tags": [1, 2]})): "at field 'ctx.tags'",
+    order_framed(41, order(27))[:-3]: "malformed_avro",  # cut inside the deepest value... or the grid
+    SHORT[:9]: "malformed_avro",  # cut inside an item
+    # an item count in ten bytes
+    SHORT[:7] + b"\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01" + SHORT[8:]: "malformed_avro",
+    SHORT[:8] + b"\x7f" + SHORT[9:]: "malformed_avro",  # a nested string of length -64
+    SHORT[:11] + b"\x04" + SHORT[12:]: "malformed_avro",  # a union index beyond the price's union
+    SHORT + b"\x00": "malformed_avro: writer schema id 41: 1 bytes left after the record",
+}
+
+
+def test_nested_avro_reads_alike_in_the_task_and_on_the_slices_read_path(
+    settings: Settings, make_topic: Any, connect_spark: Any, tmp_path: Path
+) -> None:
+    """Nested writer schemas are not planned in the JVM: the slice's read decodes them in Python's
+    workers, through Arrow, and gives the rows and dead letters the decoder gives in this process,
+    each dead letter naming the value at fault by its path."""
+    topic = make_topic("avro-nested", partitions=2, **{"max.message.bytes": str(ORDER_BYTES)})
+    values = [v for pair in zip(ORDER_GOOD, ORDER_BAD, strict=False) for v in pair]
+    values += ORDER_GOOD[len(values) // 2 :] + list(ORDER_BAD)[len(values) // 2 :]
+    assert sorted(values) == sorted(ORDER_GOOD + list(ORDER_BAD))
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "message.max.bytes": ORDER_BYTES})
+    for n, value in enumerate(values):
+        producer.produce(topic, key=f"k{n}".encode(), value=value, partition=n % 2)
+    producer.flush(30)
+    folder = _schema_folder(tmp_path / "schemas", ORDER_SCHEMAS, ORDER_SUBJECTS)
+    fmt = AvroFormat(subject="order-value", key_field="key").pin(json.dumps(ORDER))
+    spec = dataclasses.replace(_pipeline(topic, fmt, tmp_path), max_record_bytes=ORDER_BYTES)
+    ranges = topic_ranges(settings.kafka_bootstrap, topic)
+    local = dataclasses.replace(settings, schema_registry_url=folder)
+    ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=local)
+    tasks = read_tasks(spec, ranges)
+
+    rows, dead = read_in_process(ref, tasks)
+    assert len(rows) + len(dead) == len(values)
+    read = decoded_read(connect_spark, ref, tasks)
+    assert read.path == PYTHON
+    assert "nested types are decoded in Python" in read.reason, read.reason
+    got = read.frame.collect()
+    assert in_offset_order(got, len(rows[0]) - 2) == []
+    assert_same_reads(rows, dead, *split_collected(got))
+
+    assert sorted(r[0] for r in rows) == list(range(1, 10))
+    reasons = {d.value: d.reason for d in dead}
+    assert len(reasons) == len(ORDER_BAD)
+    for value, expected in ORDER_BAD.items():
+        assert expected in reasons[value], reasons[value]
+    (grid,) = [r[4] for r in rows if r[0] == 4]
+    assert grid == [list(range(100_000))]
+    (deep,) = [r[5] for r in rows if r[0] == 5]
+    for _ in range(29):
+        deep = deep["d"]
+    assert deep == {"d": -(2**63)}

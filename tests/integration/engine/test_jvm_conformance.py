@@ -20,18 +20,19 @@ from typing import Any
 
 import pytest
 from bench.one_parse import variant_checks
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
-from onceflow.decoding.records import DeadLetter
-from onceflow.engine.jvm_checks import kafka_source_missing
-from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, task_kafka_frame
 from onceflow.engine.plan_inspection import physical_plan, plan_leaves, plan_operators
 from onceflow.engine.read_path import JVM, PYTHON, decoded_read
-from onceflow.executor.reading import read_task, split
 from onceflow.executor.slices import SliceRef
-from onceflow.offsets import OffsetRange
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.sources.kafka_planning import ReadTask
+from tests.integration.engine.conformance import (
+    Conformed,
+    assert_conforms,
+    read_in_process,
+    read_tasks,
+    topic_ranges,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -166,17 +167,6 @@ def _produce(bootstrap: str, topic: str) -> None:
     txn.commit_transaction(30)
 
 
-def _ranges(bootstrap: str, topic: str) -> list[OffsetRange]:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "conformance", "isolation.level": "read_committed"}
-    )
-    try:
-        ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in (0, 1)]
-    finally:
-        consumer.close()
-    return [OffsetRange(topic, p, low, high) for p, (low, high) in enumerate(ends)]
-
-
 # Every field type with the record key as a column; and numbers only (no string field, no key).
 FORMATS = {
     "all_types": JsonFormat(schema=SCHEMA, key_field="k"),
@@ -195,85 +185,30 @@ def _pipeline(topic: str, tmp: str, fmt: JsonFormat = FORMATS["all_types"]) -> P
     )
 
 
-def _tasks(spec: Pipeline, ranges: list[OffsetRange]) -> list[ReadTask]:
-    pieces = [piece for r in ranges for piece in r.split(spec.max_records_per_task)]
-    return [ReadTask(f"t{n}", 0, piece) for n, piece in enumerate(pieces)]
-
-
-def _in_offset_order(got: list[Any], offset_at: int) -> list[str]:
-    """Each source partition's records, in the order the read gave them, must have rising offsets."""
-    last: dict[int, int] = {}
-    problems = []
-    for row in got:
-        if row[DEAD_LETTER_COLUMN] is None:
-            partition, offset = row[offset_at - 1], row[offset_at]
-        else:
-            letter = DeadLetter.from_json(row[DEAD_LETTER_COLUMN])
-            partition, offset = letter.partition, letter.offset
-        if partition in last and offset <= last[partition]:
-            problems.append(f"partition {partition}: offset {offset} after {last[partition]}")
-        last[partition] = offset
-    return problems
-
-
-def _key(letter: DeadLetter) -> tuple[Any, ...]:
-    return (letter.partition, letter.offset, letter.key, letter.value, letter.reason, letter.topic)
-
-
 def _conforms(
     settings: Any, make_topic: Any, spark: Any, tmp: str, fmt: JsonFormat, json_checks: Any = None
-) -> tuple[set[tuple[int, int]], list[tuple[Any, ...]], list[DeadLetter]]:
-    """Reads the hostile topic both ways and asserts the same rows and dead letters, in offset order
-    per read task, and no record accepted in the JVM that Python rejects. Returns the records the JVM
-    accepted, and Python's rows and dead letters."""
+) -> Conformed:
+    """Reads the hostile topic both ways and asserts the same rows and dead letters (`assert_conforms`)."""
     topic = make_topic("conformance", partitions=2)
     _produce(settings.kafka_bootstrap, topic)
-    ranges = _ranges(settings.kafka_bootstrap, topic)
+    ranges = topic_ranges(settings.kafka_bootstrap, topic)
     spec = _pipeline(topic, tmp, fmt)
     ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=settings)
-    tasks = _tasks(spec, ranges)
-
-    # Today's reader and decoder, task by task, in this process.
-    rows: list[tuple[Any, ...]] = []
-    dead: list[DeadLetter] = []
-    for task in tasks:
-        task_rows, task_dead = split(read_task(ref, task))
-        rows += task_rows
-        dead += task_dead
+    tasks = read_tasks(spec, ranges)
+    rows, dead = read_in_process(ref, tasks)
     read = len(rows) + len(dead)
     committed = len(PLAIN_GOOD + DOUBTFUL_GOOD + BAD) + 6 + 1
     assert read == committed  # the aborted records and the markers are skipped, nothing else
     assert sum(r.span for r in ranges) > read
-
-    # The JVM path over the same ranges, through the Connect server.
-    kafka, missing = kafka_source_missing(lambda: task_kafka_frame(spark, settings.kafka_bootstrap, tasks))
-    assert missing is None
-    frame, checked = jvm_read(kafka, ref, json_checks=json_checks)
-    got = frame.collect()  # partition by partition: read task by read task
-    accepted = {
-        (r["partition"], r["offset"])
-        for r in checked.where("_accepted").select("partition", "offset").collect()
-    }
-    jvm_rows = [tuple(r)[:-1] for r in got if r[DEAD_LETTER_COLUMN] is None]
-    jvm_dead = [DeadLetter.from_json(r[DEAD_LETTER_COLUMN]) for r in got if r[DEAD_LETTER_COLUMN] is not None]
-
-    offset_at = len(rows[0]) - 2
-    assert _in_offset_order(got, offset_at) == []
-    assert sorted(jvm_rows, key=lambda r: (r[-3], r[offset_at])) == sorted(
-        rows, key=lambda r: (r[-3], r[offset_at])
-    )
-    assert sorted(map(_key, jvm_dead)) == sorted(map(_key, dead))
-    # Which records the JVM turned into rows itself: none that Python rejects.
-    rejected_at = {(d.partition, d.offset) for d in dead}
-    assert not accepted & rejected_at
-    return accepted, rows, dead
+    return assert_conforms(spark, ref, tasks, (rows, dead), json_checks=json_checks)
 
 
 @pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS.keys())
 def test_the_jvm_path_gives_the_python_readers_rows_and_dead_letters(
     settings, make_topic, spark, tmp_path, fmt
 ) -> None:
-    accepted, rows, dead = _conforms(settings, make_topic, spark, str(tmp_path), fmt)
+    conformed = _conforms(settings, make_topic, spark, str(tmp_path), fmt)
+    accepted, rows, dead = conformed.accepted, conformed.rows, conformed.dead
     codes = {d.code for d in dead}
     assert codes >= {"oversized", "null_value", "not_utf8", "malformed_json", "not_object", "wrong_type"}
     if fmt.key_field is None:
@@ -293,7 +228,7 @@ def test_the_one_parse_criterion_that_bench_one_parse_times_is_exact_too(
     letters here make that a comparison of two correct criteria. It leaves two plainly good records to
     Python: a duplicate key fails its parse, and "-0.0" is a decimal zero without its sign."""
     fmt = FORMATS["all_types"]
-    accepted, _, _ = _conforms(settings, make_topic, spark, str(tmp_path), fmt, variant_checks)
+    accepted = _conforms(settings, make_topic, spark, str(tmp_path), fmt, variant_checks).accepted
     assert len(accepted) == len(PLAIN_GOOD) + 4 - 2
 
 
@@ -305,9 +240,9 @@ def test_the_settings_choose_the_json_path_and_a_fault_plan_keeps_the_python_rea
     for n in range(6):
         producer.produce(topic, key=f"k{n}".encode(), value=enc(good(n)), partition=n % 2)
     producer.flush(30)
-    ranges = _ranges(settings.kafka_bootstrap, topic)
+    ranges = topic_ranges(settings.kafka_bootstrap, topic)
     spec = _pipeline(topic, str(tmp_path))
-    tasks = _tasks(spec, ranges)
+    tasks = read_tasks(spec, ranges)
 
     def ref_reading(json_read: str) -> SliceRef:
         chosen = replace(settings, json_read=json_read)

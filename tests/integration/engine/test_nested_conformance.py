@@ -19,15 +19,12 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from onceflow.decoding.records import DeadLetter
-from onceflow.engine.jvm_checks import jvm_decodable, kafka_source_missing
-from onceflow.engine.jvm_read import DEAD_LETTER_COLUMN, jvm_read, task_kafka_frame
+from onceflow.engine.jvm_checks import jvm_decodable
 from onceflow.engine.read_path import PYTHON, decoded_read
-from onceflow.executor.reading import read_task, split
 from onceflow.executor.slices import SliceRef
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.schemas import nullable
-from tests.integration.engine.test_jvm_conformance import _in_offset_order, _key, _ranges, _tasks
+from tests.integration.engine.conformance import assert_conforms, read_in_process, read_tasks, topic_ranges
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -130,37 +127,16 @@ def test_nested_json_the_jvm_path_gives_the_python_readers_rows_and_dead_letters
     assert jvm_decodable(FORMAT) is None
     topic = make_topic("nested", partitions=2, **{"max.message.bytes": "2000000"})
     produced = _produce(settings.kafka_bootstrap, topic)
-    ranges = _ranges(settings.kafka_bootstrap, topic)
+    ranges = topic_ranges(settings.kafka_bootstrap, topic)
     spec = _pipeline(topic, str(tmp_path))
     ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=settings)
-    tasks = _tasks(spec, ranges)
+    tasks = read_tasks(spec, ranges)
 
-    rows: list[tuple[Any, ...]] = []
-    dead: list[DeadLetter] = []
-    for task in tasks:
-        task_rows, task_dead = split(read_task(ref, task))
-        rows += task_rows
-        dead += task_dead
+    rows, dead = read_in_process(ref, tasks)
     assert len(rows) + len(dead) == produced
+    accepted = assert_conforms(spark, ref, tasks, (rows, dead)).accepted
 
-    kafka, missing = kafka_source_missing(lambda: task_kafka_frame(spark, settings.kafka_bootstrap, tasks))
-    assert missing is None
-    frame, checked = jvm_read(kafka, ref)
-    got = frame.collect()
-    accepted = {
-        (r["partition"], r["offset"])
-        for r in checked.where("_accepted").select("partition", "offset").collect()
-    }
-    jvm_rows = [_plain(tuple(r)[:-1]) for r in got if r[DEAD_LETTER_COLUMN] is None]
-    jvm_dead = [DeadLetter.from_json(r[DEAD_LETTER_COLUMN]) for r in got if r[DEAD_LETTER_COLUMN] is not None]
-    offset_at = len(rows[0]) - 2
-    assert _in_offset_order(got, offset_at) == []
-    by_place = lambda r: (r[-3], r[offset_at])  # noqa: E731
-    assert sorted(jvm_rows, key=by_place) == sorted(map(_plain, rows), key=by_place)
-    assert sorted(map(_key, jvm_dead)) == sorted(map(_key, dead))
-
-    # The JVM decoded every plainly good record itself, and nothing Python rejects.
-    assert not accepted & {(d.partition, d.offset) for d in dead}
+    # The JVM decoded every plainly good record itself (and nothing Python rejects: assert_conforms).
     good_at = {(n % 2, n // 2) for n in range(len(PLAIN_GOOD))}
     assert good_at <= accepted, sorted(good_at - accepted)
     # Every bad record is a dead letter whose reason names the place at fault.
@@ -185,17 +161,6 @@ def test_nested_json_the_jvm_path_gives_the_python_readers_rows_and_dead_letters
 SCHEMA_COLUMNS = [*SCHEMA, "k"]
 
 
-def _plain(value: Any) -> Any:
-    """A Spark Row (structs) as the plain dicts and lists the Python decoder gives."""
-    if hasattr(value, "asDict"):
-        return {k: _plain(v) for k, v in value.asDict().items()}
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_plain(v) for v in value)
-    return value
-
-
 def test_a_schema_with_types_the_jvm_does_not_check_reads_in_python(
     settings, make_topic, spark, tmp_path
 ) -> None:
@@ -206,7 +171,7 @@ def test_a_schema_with_types_the_jvm_does_not_check_reads_in_python(
         topic, partition=0, value=b'{"id":1,"at":[{"when":"2026-11-27T10:00:00+01:00","amount":"12.50"}]}'
     )
     producer.flush(30)
-    ranges = _ranges(settings.kafka_bootstrap, topic)
+    ranges = topic_ranges(settings.kafka_bootstrap, topic)
     spec = Pipeline(
         name=f"nested-{uuid.uuid4().hex[:8]}",
         source=KafkaSource(topics=(topic,)),
@@ -215,7 +180,7 @@ def test_a_schema_with_types_the_jvm_does_not_check_reads_in_python(
     )
     chosen = replace(settings, json_read="jvm")
     ref = SliceRef(spec, 1, 0, tuple(ranges), settings.kafka_bootstrap, settings=chosen)
-    read = decoded_read(spark, ref, _tasks(spec, ranges))
+    read = decoded_read(spark, ref, read_tasks(spec, ranges))
     assert read.path == PYTHON
     assert "timestamp" in read.reason
     (row,) = read.frame.collect()
