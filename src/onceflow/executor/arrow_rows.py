@@ -4,7 +4,7 @@ The slice job's executors decode records in Python and its sink writers stage wh
 returns, while the transform runs in the JVM. Crossing as pickled rows (``createDataFrame`` over an RDD, then
 ``DataFrame.rdd``) pickles every row and rebuilds it as an object on the other side; Arrow batches
 (``mapInArrow``) move whole columns instead. Writers that take batches keep them as they are; only
-a writer that takes rows gets them as dicts (`batch_rows`).
+a writer that takes rows gets them as dicts, maps as dicts too (`batch_rows`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,17 @@ def row_batches(rows: Iterable[tuple[Any, ...]], schema: Any, size: int = BATCH_
         )
 
 
+def rows_of(batch: Any) -> list[dict[str, Any]]:
+    """An Arrow record batch's rows as dicts, in the row model's shape: a map is a dict at any depth
+    (inside a struct, a list or another map), as the Python decoder gives it, where a plain
+    ``to_pylist`` gives a list of (key, value) pairs. Keys are unique (Spark's maps refuse duplicates;
+    a batch that had one fails here, not as a row that lost a value)."""
+    rows: list[dict[str, Any]] = batch.to_pylist(maps_as_pydicts="strict")
+    return rows
+
+
 def batch_rows(batches: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
-    """The rows of Arrow record batches as dicts, the shape a writer without ``write_batch`` takes."""
+    """The rows of Arrow record batches as dicts (`rows_of`), the shape a writer without
+    ``write_batch`` takes."""
     for batch in batches:
-        yield from batch.to_pylist()
+        yield from rows_of(batch)

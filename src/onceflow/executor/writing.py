@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.committables import Committable, TaskContext
 from onceflow.errors import SliceFailed
-from onceflow.executor.arrow_rows import batch_rows
+from onceflow.executor.arrow_rows import batch_rows, rows_of
 from onceflow.executor.slices import SliceRef
 from onceflow.faults import crash_point
 from onceflow.pipeline import SinkSpec
@@ -125,7 +125,7 @@ def write_task_sinks(
                 if supports_batches(writer):
                     writer.write_batch(part)
                 else:  # in the calls `write_task` makes
-                    for rows in _batches(part.to_pylist()):
+                    for rows in _batches(rows_of(part)):
                         writer.write(rows)
                 counts[index] += part.num_rows
         reports = []
