@@ -10,6 +10,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pytest
 from psycopg.types.composite import CompositeInfo, register_composite
 
+from onceflow.executor.arrow_rows import batch_rows
 from onceflow.offsets import OffsetRange
 from onceflow.sinks import build_committer, build_writer
 from onceflow.sinks.base import TaskContext
@@ -283,14 +285,17 @@ def test_a_batch_column_that_does_not_fit_is_refused_as_its_rows_are(dsn: str, p
     assert "column scores[0]: str '1.5' does not fit type bigint" in messages[0]
 
 
-@pytest.mark.parametrize("kind", ["plain", "postgres_upsert"])
+@pytest.mark.parametrize("kind", ["plain", "postgres_upsert", "wal"])
 def test_direct_sinks_store_nested_values_as_the_two_phase_sink_does(
-    dsn: str, pipeline: str, kind: str
+    dsn: str, pipeline: str, kind: str, tmp_path: Path
 ) -> None:
+    """The direct sinks, and the write-ahead-log sink (which pushes its log at commit)."""
     rows = decoded_rows(12)
     config: dict[str, Any] = {"dsn": dsn, "table": "direct", "columns": COLUMNS, "batch_size": 5}
     if kind == "postgres_upsert":
         config |= {"key_columns": ["id"], "columns": COLUMNS | {"id": "bigint"}}
+    if kind == "wal":
+        config |= {"root": str(tmp_path / "wal")}
     writer = build_writer(kind, config)
     writer.begin(task(pipeline, "direct"))
     writer.write(rows)
@@ -298,10 +303,58 @@ def test_direct_sinks_store_nested_values_as_the_two_phase_sink_does(
     assert read_back(dsn, "direct") == expected(rows)
     writer = build_writer(kind, config)
     writer.begin(task(pipeline, "direct", attempt="a2"))
-    with pytest.raises(RowError, match=r"^plain|^postgres_upsert") as raised:
+    with pytest.raises(RowError, match=r"^plain|^postgres_upsert|^wal") as raised:
         writer.write([rows[0] | {"id": 99, "lines": {"sku": "x"}}])
     assert f"{kind} sink table direct column lines: a struct or map does not fit" in str(raised.value)
     writer.abort()
+
+
+def test_the_wal_sink_stores_a_tasks_batches_as_the_two_phase_sink_stores_them(
+    dsn: str, pipeline: str, tmp_path: Path
+) -> None:
+    """A write task turns Spark's batches into rows for the wal sink (maps as dicts); its log holds the
+    nested values as JSON, exact, and the commit stores each column as the two-phase sink does, the
+    row-typed columns too; nothing is in the table before the commit."""
+    rows = decoded_rows()
+    data = spark_batch(rows)
+    stage_and_commit(dsn, pipeline, "two_phase", [data])
+    config = {"dsn": dsn, "table": "logged", "columns": COLUMNS, "root": str(tmp_path / "wal")}
+    writer = build_writer("wal", config)
+    writer.begin(task(pipeline, "logged"))
+    for piece in (data.slice(0, 10), data.slice(10)):
+        writer.write(list(batch_rows([piece])))
+    committable = writer.pre_commit()
+    with psycopg.connect(dsn) as conn:  # the writer made the table to check the values: still empty
+        assert conn.execute("SELECT count(*) FROM logged").fetchone() == (0,)
+    build_committer("wal", config).commit([committable])
+    assert committable.record_count == len(rows)
+    assert read_back(dsn, "logged") == read_back(dsn, "two_phase") == expected(rows)
+    names = ", ".join(f'"{n}"::text' for n in COLUMNS)
+    with psycopg.connect(dsn) as conn:
+        logged = conn.execute(f"SELECT {names} FROM logged ORDER BY id").fetchall()
+        assert logged == conn.execute(f"SELECT {names} FROM two_phase ORDER BY id").fetchall()
+
+    typed = {"id": "bigint", "events": "array<struct<kind:string,doc:json?>>?", "attrs": "map<string,json>"}
+    config = {"dsn": dsn, "table": "typed_log", "columns": typed, "root": str(tmp_path / "wal2")}
+    writer = build_writer("wal", config)
+    writer.begin(task(pipeline, "typed_log"))
+    writer.write(
+        [
+            {
+                "id": 1,
+                "events": [{"kind": "a", "doc": '{"x":[1,2.50]}'}, {"kind": "b", "doc": None}],
+                "attrs": {},
+            },
+            {"id": 2, "events": None, "attrs": {"n": "3", "s": '"text"'}},
+        ]
+    )
+    build_committer("wal", config).commit([writer.pre_commit()])
+    with psycopg.connect(dsn) as conn:
+        found = conn.execute("SELECT id, events::text, attrs::text FROM typed_log ORDER BY id").fetchall()
+    assert found == [
+        (1, '[{"doc": {"x": [1, 2.50]}, "kind": "a"}, {"doc": null, "kind": "b"}]', "{}"),
+        (2, None, '{"n": 3, "s": "text"}'),
+    ]
 
 
 def test_columns_declared_by_row_type_are_jsonb_with_json_fields_as_documents(
