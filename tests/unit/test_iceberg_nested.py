@@ -136,11 +136,11 @@ def test_an_existing_nested_column_is_compared_without_its_ids(config: dict[str,
     iceberg.plan_checks(_spec(reordered), [reordered], 1)
     assert _table(config).schema() == before
     changed = ORDER.replace("qty:int?", "qty:string?")
-    with pytest.raises(ConfigError, match=r"order is struct<sku: required string, qty: long,") as refused:
+    with pytest.raises(ConfigError, match=r"order\.qty is long in the table, string here") as refused:
         iceberg.plan_checks(
             _spec(config), [{**config, "columns": {**config["columns"], "order": changed}}], 1
         )
-    assert "qty: string" in str(refused.value) and "\n" not in str(refused.value)
+    assert "\n" not in str(refused.value)
     loosened = ORDER.replace("sku:string", "sku:string?")  # the table requires sku: rows may not omit it
     with pytest.raises(ConfigError, match="the table's schema does not match"):
         iceberg.plan_checks(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -255,6 +255,12 @@ class Ledger:
         with self._tx() as s:
             return list(s.scalars(select(PipelineRow.name).order_by(PipelineRow.name)).all())
 
+    def reader_schema(self, pipeline: str) -> str | None:
+        """The reader schema's text as the pipeline's last planned epoch read (None before any)."""
+        with self._tx() as s:
+            row = s.get(PipelineRow, pipeline)
+            return None if row is None else row.reader_schema
+
     def participants(self, pipeline: str, number: int) -> list[Participant]:
         with self._tx() as s:
             rows = s.scalars(
@@ -309,8 +315,12 @@ class Ledger:
         replaces: int | None = None,
         owner: str | None = None,
         lease_s: float | None = None,
+        reader_schema: str | None = None,
     ) -> Epoch:
         """Record epoch n+1's input ranges and participants before anything is processed.
+
+        ``reader_schema``: the row type text the epoch reads with, kept as the pipeline's in the same
+        transaction (`reader_schema`), so that the next plan compares with what the last epoch read.
 
         ``owner`` names who runs the epoch and ``lease_s`` how long it counts as alive without a renewal
         (`renew_lease`); recovery rolls back an undecided epoch only once its owner is gone.
@@ -345,7 +355,9 @@ class Ledger:
         for attempt in range(3):
             try:
                 lease = (pairs, owner, lease_s)
-                return self._plan_once(pipeline, ranges, lease, run_id, data_interval, replaces)
+                return self._plan_once(
+                    pipeline, ranges, lease, run_id, data_interval, replaces, reader_schema
+                )
             except IntegrityError as exc:
                 # A concurrent planner inserted the pipeline or the same epoch first; look again.
                 if attempt == 2:
@@ -362,13 +374,22 @@ class Ledger:
         run_id: str | None,
         data_interval: tuple[datetime, datetime] | None,
         replaces: int | None = None,
+        reader_schema: str | None = None,
     ) -> Epoch:
         pairs, owner, lease_s = lease
         now = utcnow()
         with self._tx() as s:
             if s.get(PipelineRow, pipeline, with_for_update=True) is None:
-                s.add(PipelineRow(name=pipeline, created_at=now))
+                s.execute(
+                    insert(PipelineRow).values(name=pipeline, created_at=now)
+                )  # columns of any revision
                 s.flush()
+            if reader_schema is not None:
+                s.execute(
+                    update(PipelineRow)
+                    .where(PipelineRow.name == pipeline)
+                    .values(reader_schema=reader_schema)
+                )
             busy = s.scalars(
                 select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.status.in_(OPEN_STATUSES))
             ).first()

@@ -91,6 +91,9 @@ class PipelineRow(Base):
 
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # The row type text (`onceflow.schemas`) of the records the last planned epoch read; deferred, so
+    # that planning reads and writes a pipeline's row the same on a ledger of any revision.
+    reader_schema: Mapped[str | None] = mapped_column(Text, nullable=True, deferred=True)
 
 
 class EpochRow(Base):

@@ -66,6 +66,7 @@ from onceflow.protocol.planning import (
 )
 from onceflow.protocol.positions import publish_position
 from onceflow.protocol.retaining import retain, retain_after_commit
+from onceflow.protocol.schema_changes import ReaderSchema, check_reader_schema
 from onceflow.protocol.step_results import PlanResult, PlanStatus, RecoveryReport, SliceGate
 from onceflow.protocol.sweeper import sweep_orphans
 from onceflow.sinks.base import SinkCommitter
@@ -188,16 +189,22 @@ class Coordinator:
     ) -> tuple[EpochPlan, tuple[SlicePlan, ...]]:
         """The ranges and slices the next epoch would get, after the same checks as `plan`; the ledger
         is not written."""
-        return self._next_plan(self._need_spec("preview"), data_interval, max_records_per_partition)
+        spec = self._need_spec("preview")
+        plan, slices, _ = self._next_plan(spec, data_interval, max_records_per_partition, apply=False)
+        return plan, slices
 
     def _next_plan(
         self,
         spec: Pipeline,
         data_interval: tuple[datetime, datetime] | None,
         max_records_per_partition: int | None,
-    ) -> tuple[EpochPlan, tuple[SlicePlan, ...]]:
-        """Steps 2 and 3 of `plan`, which `preview` shares: the next ranges, their slices, the checks."""
+        *,
+        apply: bool,
+    ) -> tuple[EpochPlan, tuple[SlicePlan, ...], ReaderSchema]:
+        """Steps 2 and 3 of `plan`, which `preview` shares: the next ranges, their slices, the checks
+        (``apply``: and the sinks' tables made ready; a preview changes nothing)."""
         settings = self.settings
+        reader = check_reader_schema(spec, self.ledger, settings)  # before the sinks add columns
         plan = next_ranges(
             spec,
             self.ledger,
@@ -206,8 +213,8 @@ class Coordinator:
             max_records_per_partition=max_records_per_partition,
         )
         slices = slices_of(spec, plan.ranges)
-        run_plan_checks(spec, settings, parallel_tasks=sum(len(s.tasks) for s in slices))
-        return plan, slices
+        run_plan_checks(spec, settings, parallel_tasks=sum(len(s.tasks) for s in slices), apply=apply)
+        return plan, slices, reader
 
     def plan(
         self,
@@ -223,12 +230,15 @@ class Coordinator:
         1. Ask the ledger about this run's own epoch, its data interval and the epoch in flight, and
            decide (`decisions.decide_plan`): reuse, replace, nothing to do, wait for a live owner, or plan.
         2. Read the committed positions and Kafka's offsets, and bound the ranges by the data interval.
-        3. Check the spec against its sinks for the epoch's tasks (guarantee, transform importable, sink
-           kinds' plan-time checks such as PostgreSQL's room for prepared transactions).
+        3. Check the spec: its reader schema against the last planned epoch's (`schema_changes`: a
+           refused change stops here), then against its sinks for the epoch's tasks (guarantee, transform
+           importable, sink kinds' plan-time checks such as PostgreSQL's room for prepared transactions;
+           the table sinks add the reader schema's new columns here, before any task writes).
         4. A preview stops here: it prints the ranges the epoch would read; the ledger is not touched.
         5. Record the ranges, the participants and the owner's lease in the ledger: from here on the
-           epoch is durable (like Spark's offset log, before anything runs). An at-most-once epoch is
-           committed right away (its position moves before processing).
+           epoch is durable (like Spark's offset log, before anything runs), and the reader schema it
+           reads with. An at-most-once epoch is committed right away (its position moves before
+           processing).
         """
         spec = self._need_spec("plan")
         owner = owner or owner_of_this_process(run_id)
@@ -260,7 +270,9 @@ class Coordinator:
         if decision.action == "wait":
             raise EpochOwned(decision.line)
         # 2. and 3.
-        epoch_plan, slices = self._next_plan(spec, data_interval, max_records_per_partition)
+        epoch_plan, slices, reader = self._next_plan(
+            spec, data_interval, max_records_per_partition, apply=not preview
+        )
         # 4.
         if preview:
             lines = [
@@ -272,8 +284,8 @@ class Coordinator:
                 self.log(line)
             return PlanResult("preview", spec.name, lines=tuple(lines))
         # 5.
-        epoch = self._record(epoch_plan, slices, run_id, owner, data_interval, None)
-        lines = planned_lines(epoch, epoch_plan, slices, owner, data_interval)
+        epoch = self._record(epoch_plan, slices, run_id, owner, data_interval, None, reader.text)
+        lines = [*reader.lines(spec.name), *planned_lines(epoch, epoch_plan, slices, owner, data_interval)]
         for line in lines:
             self.log(line)
         return plan_result(spec, "planned", epoch, lines, epoch_plan.backlog)
@@ -286,6 +298,7 @@ class Coordinator:
         owner: str,
         data_interval: tuple[datetime, datetime] | None,
         replaces: int | None,
+        reader_schema: str | None = None,
     ) -> Epoch:
         spec = self._need_spec("plan")
         epoch = self.ledger.plan_epoch(
@@ -297,6 +310,7 @@ class Coordinator:
             replaces=replaces,
             owner=owner,
             lease_s=self.settings.lease_s,
+            reader_schema=reader_schema,
         )
         if spec.commits_before_processing:
             epoch = self.commit(number=epoch.number) or epoch  # at_most_once: the position moves now

@@ -169,10 +169,13 @@ def check_rerun(spec: Pipeline) -> None:
         )
 
 
-def run_plan_checks(spec: Pipeline, settings: Settings, parallel_tasks: int | None = None) -> None:
+def run_plan_checks(
+    spec: Pipeline, settings: Settings, parallel_tasks: int | None = None, *, apply: bool = True
+) -> None:
     """Every check made before an epoch is planned: the guarantee, the transform importable, then each
     sink kind's own checks, given the configs of all the pipeline's sinks of that kind and how many tasks
-    of one epoch write to each (``parallel_tasks``: the epoch's read tasks once its ranges are known)."""
+    of one epoch write to each (``parallel_tasks``: the epoch's read tasks once its ranges are known).
+    ``apply``: the sinks also make what the epoch needs (tables, new columns); a preview only checks."""
     check_guarantee(spec)
     check_rerun(spec)
     if spec.transform is not None:
@@ -183,7 +186,7 @@ def run_plan_checks(spec: Pipeline, settings: Settings, parallel_tasks: int | No
         by_kind.setdefault(sink.kind, []).append(sink)
     for name, sinks in sorted(by_kind.items()):
         kind = sink_kind(name)
-        kind.plan_checks(spec, [kind.config_for(sink, settings) for sink in sinks], parallel)
+        kind.plan_checks(spec, [kind.config_for(sink, settings) for sink in sinks], parallel, apply)
 
 
 def replaced_epochs(spec: Pipeline, ledger: Ledger, epoch: Epoch) -> tuple[int, ...]:

@@ -161,3 +161,33 @@ def _record(
             raise ConfigError(f"{where} field {path!r}: field {name!r} is declared twice")
         found.append((name, _field_type(where, f"{path}.{name}", field.get("type"), inner, depth + 1)))
     return Struct(tuple(found))
+
+
+def defaulted_fields(schema: Mapping[str, Any]) -> frozenset[str]:
+    """The paths (as `avro_fields` names them: ``ctx.ip``, ``items[].sku``, ``attrs{}.n``) of the record
+    fields, at any depth, that have a default: a reader may add such a field even when it is required,
+    because Avro's resolution fills the default into records written without it."""
+    found: set[str] = set()
+
+    def visit(avro_type: Any, path: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            return
+        if isinstance(avro_type, list):
+            for branch in avro_type:
+                visit(branch, path, depth + 1)
+        elif isinstance(avro_type, Mapping):
+            base = avro_type.get("type")
+            if base == "record" and isinstance(avro_type.get("fields"), list):
+                for field in avro_type["fields"]:
+                    if isinstance(field, Mapping) and isinstance(field.get("name"), str):
+                        inner = f"{path}.{field['name']}" if path else field["name"]
+                        if "default" in field:
+                            found.add(inner)
+                        visit(field.get("type"), inner, depth + 1)
+            elif base == "array":
+                visit(avro_type.get("items"), f"{path}[]", depth + 1)
+            elif base == "map":
+                visit(avro_type.get("values"), f"{path}{{}}", depth + 1)
+
+    visit(schema, "", 0)
+    return frozenset(found)

@@ -3,16 +3,19 @@
 Two things fail late and hide their cause otherwise: a server whose ``max_prepared_transactions`` is too
 small (``PREPARE TRANSACTION`` fails inside a Spark task, and the epoch aborts with "prepared transaction
 ... does not exist" run after run), and a table whose columns are not the ones the sink's config names
-(every row of the epoch fails to insert). Both are read from the server once per plan.
+(every row of the epoch fails to insert). Both are read from the server once per plan. A column the
+sink's columns gained since the table was made is added here, before the epoch's tasks write
+(`add_column`), which is how the PostgreSQL sinks follow a reader schema that gained a field.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError, ServiceUnavailable, one_line
-from onceflow.sinks._pg import PgTableConfig, find_table
+from onceflow.sinks._pg import PgTableConfig, find_table, table_identifier
 
 if TYPE_CHECKING:
     import psycopg
@@ -20,6 +23,9 @@ if TYPE_CHECKING:
     from onceflow.pipeline import Pipeline
 
 CONNECT_TIMEOUT_S = 10
+# How long adding a column waits for the table's lock.
+LOCK_TIMEOUT_MS = 10_000
+LOG = logging.getLogger(__name__)
 
 
 def server_of(dsn: str) -> str:
@@ -57,9 +63,11 @@ def check_prepared_room(conn: psycopg.Connection[Any], sinks: Sequence[str], dsn
         )
 
 
-def check_table(conn: psycopg.Connection[Any], sink: str, table: PgTableConfig) -> None:
-    """The table exists (or the sink may create it) and has every configured column with its type;
-    columns the config does not name are the table's own business (defaults, generated columns)."""
+def check_table(conn: psycopg.Connection[Any], sink: str, table: PgTableConfig, apply: bool = True) -> None:
+    """The table exists (or the sink may create it) and has every configured column with its type; a
+    configured column the table lacks is added (schema evolution: `add_column`) when the sink may
+    create the table, unless this is a preview (``apply`` false); columns the config does not name are
+    the table's own business (defaults, generated columns)."""
     oid = find_table(conn, table.table)
     if oid is None:
         if not table.create_table:
@@ -82,10 +90,15 @@ def check_table(conn: psycopg.Connection[Any], sink: str, table: PgTableConfig) 
                 f"sink {sink!r}: column {column!r} has type {sql_type!r}, which PostgreSQL does not know"
             )
         if column not in actual:
-            raise ConfigError(
-                f"sink {sink!r}: table {table.table!r} has no column {column!r} (it has "
-                f"{', '.join(actual)}): add the column or change the sink's columns"
-            )
+            if not table.create_table:
+                raise ConfigError(
+                    f"sink {sink!r}: table {table.table!r} has no column {column!r} (it has "
+                    f"{', '.join(actual)}) and the sink's create_table is false: add the column or "
+                    "change the sink's columns"
+                )
+            if apply:
+                add_column(conn, sink, table, column, sql_type)
+            continue
         if actual[column] != declared[0]:
             raise ConfigError(
                 f"sink {sink!r}: column {column!r} of table {table.table!r} is {actual[column]}, but the "
@@ -93,13 +106,45 @@ def check_table(conn: psycopg.Connection[Any], sink: str, table: PgTableConfig) 
             )
 
 
+def add_column(
+    conn: psycopg.Connection[Any], sink: str, table: PgTableConfig, column: str, sql_type: str
+) -> None:
+    """``ALTER TABLE … ADD COLUMN`` of a column the sink's columns gained, as a nullable column without a
+    default (PostgreSQL then changes only the catalog, not a row), in its own transaction at plan time.
+
+    Never inside a task's prepared transaction: the statement's lock would be held until the epoch
+    commits and block every reader and every other task. Rows that earlier epochs wrote, and a replay of
+    an earlier epoch by code that does not know the column, leave it null. The lock is waited for at
+    most `LOCK_TIMEOUT_MS`: a prepared transaction of an unfinished epoch holds the table until it is
+    recovered, and the plan then says so instead of hanging.
+    """
+    from psycopg import errors, sql
+
+    statement = sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+        table_identifier(table.table), sql.Identifier(column), sql.SQL(sql_type)
+    )
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{LOCK_TIMEOUT_MS}ms")))
+            conn.execute(statement)
+    except errors.LockNotAvailable as exc:
+        raise ServiceUnavailable(
+            f"sink {sink!r}: cannot add column {column!r} to table {table.table!r}: the table stayed locked "
+            f"for {LOCK_TIMEOUT_MS} ms (a prepared transaction of an unfinished epoch, or another session): "
+            "recover the pipeline's epoch in flight, then plan again"
+        ) from exc
+    LOG.info("sink %r: added column %s %s to table %s", sink, column, sql_type, table.table)
+
+
 def pg_plan_checks(
     table_of: Callable[[Mapping[str, Any]], PgTableConfig], *, prepares: bool
-) -> Callable[[Pipeline, Sequence[Mapping[str, Any]], int], None]:
+) -> Callable[[Pipeline, Sequence[Mapping[str, Any]], int, bool], None]:
     """The plan checks of a PostgreSQL sink kind whose configs hold a `PgTableConfig` (``table_of``
     reads it); ``prepares`` kinds also need room for their prepared transactions."""
 
-    def checks(spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int) -> None:
+    def checks(
+        spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int, apply: bool = True
+    ) -> None:
         by_server: dict[str, list[tuple[str, PgTableConfig]]] = {}
         for config in configs:
             table = table_of(config)
@@ -109,6 +154,6 @@ def pg_plan_checks(
                 if prepares and parallel_tasks > 0:
                     check_prepared_room(conn, [name for name, _ in tables], dsn, parallel_tasks)
                 for name, table in tables:
-                    check_table(conn, name, table)
+                    check_table(conn, name, table, apply)
 
     return checks

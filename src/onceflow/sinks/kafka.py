@@ -472,7 +472,9 @@ def _columns(config: Mapping[str, Any]) -> list[str] | None:
     return None if config.get("value_format") in ("json", "avro") else ["key", "value"]
 
 
-def _plan_checks(spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int) -> None:
+def _plan_checks(
+    spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int, apply: bool = True
+) -> None:
     """Refuse what would lose or drop data later.
 
     1. A producer ``transaction_timeout_ms`` shorter than the pipeline's transaction timeout: Kafka would

@@ -30,7 +30,9 @@ Guarantee = Literal["exactly_once", "at_least_once"]
 _NOT_KINDS = frozenset({"base", "errors", "registry", "staging"})
 
 
-def _no_checks(spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int) -> None:
+def _no_checks(
+    spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int, apply: bool = True
+) -> None:
     return None
 
 
@@ -93,9 +95,11 @@ class SinkKind:
     ``writer`` and ``committer`` build the two halves from the sink's config (plus its name). ``direct``
     kinds make rows visible as they are written (commit has nothing to do); ``replaceable`` kinds can
     take an interval's earlier output away when a re-run commits (``on_rerun="replace"``).
-    ``plan_checks(spec, configs, parallel_tasks)`` refuses, before anything is written, what would fail
-    later: it gets the full config (as a writer gets it, ``name`` included) of every sink of this kind
-    in the pipeline at once, and how many tasks of one epoch write to each of them. ``columns(config)``
+    ``plan_checks(spec, configs, parallel_tasks, apply)`` refuses, before anything is written, what would
+    fail later: it gets the full config (as a writer gets it, ``name`` included) of every sink of this
+    kind in the pipeline at once, and how many tasks of one epoch write to each of them; with ``apply``
+    it also makes the tables the epoch needs (creates them, adds the reader schema's new columns), and
+    without it (a preview) it changes nothing. ``columns(config)``
     names the columns rows must have, in order, or None to take the transform's output as it is.
     ``defaults(settings)`` fills settings the sink's config leaves out from the deployment's `Settings`
     (e.g. the PostgreSQL DSN), so sinks get their settings explicitly, never through the process
@@ -112,7 +116,7 @@ class SinkKind:
     replaceable: bool = False
     committable_version: int = 1
     columns: Callable[[Mapping[str, Any]], list[str] | None] = configured_columns
-    plan_checks: Callable[[Pipeline, Sequence[Mapping[str, Any]], int], None] = _no_checks
+    plan_checks: Callable[[Pipeline, Sequence[Mapping[str, Any]], int, bool], None] = _no_checks
     defaults: Callable[[Settings], dict[str, Any]] = _no_defaults
     settings: tuple[SinkSetting, ...] = ()
     consumer_group: Callable[[Mapping[str, Any], str], str | None] = _no_group

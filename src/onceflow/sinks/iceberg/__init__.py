@@ -19,8 +19,10 @@
 A table is created from the sink's ``columns``, or the pipeline's decoded rows when it has no
 transform, at plan time, or else from the first rows a writer sees. Struct, list and map columns nest
 to any depth, with field ids that the catalog assigns; a nested field, element or map value is required
-unless its row type says ``?`` (a column itself is always nullable). A new column is added as a nullable
-column (Iceberg's additive evolution); a column whose type changed is refused at plan time.
+unless its row type says ``?`` (a column itself is always nullable). A new column, or a new field of a
+struct column, of list elements or of map values, is added as an optional one (Iceberg's additive
+evolution, ids kept) in a schema update committed at plan time, before the epoch's snapshot; a field
+whose type changed is refused at plan time.
 """
 
 from __future__ import annotations
@@ -587,9 +589,12 @@ def wanted_columns(spec: Pipeline, config: IcebergConfig) -> list[tuple[str, str
     return None
 
 
-def plan_checks(spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int) -> None:
+def plan_checks(
+    spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int, apply: bool = True
+) -> None:
     """Open each sink's catalog; create its table when the columns are known, or check the existing
-    table's schema (adding new columns as nullable ones; a changed type is refused in one line)."""
+    table's schema (adding new fields as optional ones; a changed type is refused in one line). A
+    preview (``apply`` false) only checks: it creates and adds nothing."""
     for mapping in configs:
         config = IcebergConfig.from_mapping(mapping)
         cat = config.open_catalog()
@@ -597,6 +602,11 @@ def plan_checks(spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_t
         if columns is None:
             continue
         wanted = tables.schema_of(columns, config.where)
+        if not apply:
+            found = tables.load(cat, config.table)
+            if found is not None:
+                tables.new_fields(found, wanted, config.where)
+            continue
         _with_retries(
             lambda cat=cat, config=config, wanted=wanted: tables.ensure_table(
                 cat, config.table, wanted, config.partition_by, dict(config.properties), config.where

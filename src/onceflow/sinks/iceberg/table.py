@@ -393,28 +393,76 @@ def partition_spec(schema: Schema, partition_by: Sequence[tuple[str, str]], wher
     return PartitionSpec(*fields)
 
 
-def differences(table_schema: Schema, wanted: Schema) -> tuple[list[str], list[str]]:
-    """(conflicts, new columns): a column whose type differs, or a required table column the rows do
-    not have, conflicts; a column the table lacks is new (added as optional, which Iceberg allows)."""
+def differences(table_schema: Schema, wanted: Schema) -> tuple[list[str], list[tuple[str, ...]]]:
+    """(conflicts, new fields): a field whose type differs, a field the table requires that may be null
+    here, or a required table field the rows do not have, conflicts; a field the table lacks, at any
+    depth (a column, or a field of a struct column, of its list elements or map values), is new: added
+    as optional, which Iceberg allows. New fields are given by their paths, as `add_column` takes them."""
     conflicts: list[str] = []
-    new: list[str] = []
-    have = {f.name: f for f in table_schema.fields}
-    wanted_names = {f.name for f in wanted.fields}
+    new: list[tuple[str, ...]] = []
+    _struct_differences(table_schema.as_struct(), wanted.as_struct(), (), conflicts, new)
+    return conflicts, new
+
+
+def _struct_differences(
+    have: Any, wanted: Any, path: tuple[str, ...], conflicts: list[str], new: list[tuple[str, ...]]
+) -> None:
+    from pyiceberg import types as T
+
+    existing = {f.name: f for f in have.fields}
     for field in wanted.fields:
-        existing = have.get(field.name)
-        if existing is None:
-            new.append(field.name)
-        elif not holds(existing.field_type, field.field_type):
+        here = (*path, field.name)
+        found = existing.get(field.name)
+        if found is None:
+            new.append(here)
+        elif found.required and not field.required:
+            conflicts.append(f"{'.'.join(here)} is required in the table, and may be null here")
+        elif isinstance(found.field_type, T.StructType) and isinstance(field.field_type, T.StructType):
+            _struct_differences(found.field_type, field.field_type, here, conflicts, new)
+        elif (inner := _element_structs(found.field_type, field.field_type)) is not None:
+            name, a, b = inner
+            _struct_differences(a, b, (*here, name), conflicts, new)
+        elif not holds(found.field_type, field.field_type):
             conflicts.append(
-                f"{field.name} is {type_text(existing.field_type)} in the table, "
+                f"{'.'.join(here)} is {type_text(found.field_type)} in the table, "
                 f"{type_text(field.field_type)} here"
             )
+    wanted_names = {f.name for f in wanted.fields}
     conflicts += [
-        f"{f.name} is required in the table and missing here"
-        for f in have.values()
+        f"{'.'.join((*path, f.name))} is required in the table and missing here"
+        for f in have.fields
         if f.required and f.name not in wanted_names
     ]
-    return conflicts, new
+
+
+def _element_structs(have: Any, wanted: Any) -> tuple[str, Any, Any] | None:
+    """For a list of structs (a map of struct values) on both sides whose element (value) nullability
+    fits: the name Iceberg gives the element (value) field, and the two structs, so that their fields
+    are compared and added too."""
+    from pyiceberg import types as T
+
+    if isinstance(have, T.ListType) and isinstance(wanted, T.ListType):
+        pair, name = (have.element_type, wanted.element_type), "element"
+        fits = wanted.element_required or not have.element_required
+    elif isinstance(have, T.MapType) and isinstance(wanted, T.MapType) and have.key_type == wanted.key_type:
+        pair, name = (have.value_type, wanted.value_type), "value"
+        fits = wanted.value_required or not have.value_required
+    else:
+        return None
+    if fits and all(isinstance(t, T.StructType) for t in pair):
+        return name, pair[0], pair[1]
+    return None
+
+
+def new_fields(found: Table, wanted: Schema, where: str) -> list[tuple[str, ...]]:
+    """The fields ``wanted`` adds to the table ``found``; a conflicting schema is refused in one line."""
+    conflicts, new = differences(found.schema(), wanted)
+    if conflicts:
+        raise ConfigError(
+            f"{where}: the table's schema does not match: {'; '.join(conflicts)}; write to a new table or "
+            "change the columns"
+        )
+    return new
 
 
 def ensure_table(
@@ -425,8 +473,9 @@ def ensure_table(
     properties: Mapping[str, str],
     where: str,
 ) -> Table:
-    """The table, created from ``wanted`` when absent; an existing table gains ``wanted``'s new columns
-    (nullable), and a conflicting schema is refused with one line naming the columns."""
+    """The table, created from ``wanted`` when absent; an existing table gains ``wanted``'s new fields
+    (optional, at any depth: one schema update, committed before the epoch's snapshot), and a
+    conflicting schema is refused with one line naming the fields."""
     from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
     found = load(cat, table)
@@ -438,16 +487,11 @@ def ensure_table(
         return cat.create_table_if_not_exists(
             identifier(table), schema=wanted, partition_spec=spec, properties=dict(properties)
         )
-    conflicts, new = differences(found.schema(), wanted)
-    if conflicts:
-        raise ConfigError(
-            f"{where}: the table's schema does not match: {'; '.join(conflicts)}; write to a new table or "
-            "change the columns"
-        )
+    new = new_fields(found, wanted, where)
     if new:
         with found.update_schema() as update:
-            for name in new:
-                field = wanted.find_field(name)
-                update.add_column(name, field.field_type)
+            for path in new:
+                field = wanted.find_field(".".join(path))
+                update.add_column(path, field.field_type, doc=field.doc, required=False)
         found = cat.load_table(identifier(table))
     return found
