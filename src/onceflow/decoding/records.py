@@ -191,6 +191,17 @@ class _Reject(Exception):
         self.reason = f"{code}: {detail}"
 
 
+# The public name of the exception that carries a value's dead-letter reason (``reason``).
+Rejected = _Reject
+
+
+def read_value(path: str, value: Any, t: SchemaType) -> Any:
+    """One parsed JSON value as a row holds a ``t`` (null where ``t`` allows it); `Rejected`, naming
+    ``path``, where it does not fit. What other readers of JSON documents (change events) share with
+    this module's own decoding."""
+    return value if _as_it_stands(value, t) else _value_at(path, value, t)
+
+
 def decode_record(record: KafkaRecord, fmt: RecordFormat, max_record_bytes: int) -> Row | DeadLetter:
     """One row (the format's columns plus `onceflow.pipeline.METADATA_COLUMNS`) or one dead letter."""
     return RowDecoder(fmt, max_record_bytes).decode_row(record)

@@ -1,0 +1,116 @@
+"""Debezium's JSON change events, as its PostgreSQL connector wrote them (tests/data/debezium/), read
+into changes and rows: both JSON serializations give the same rows, Connect's decimal and time
+encodings undone, deletes and tombstones keyed, and what is not a change event refused with its reason."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from onceflow.decoding.debezium import Change, ChangeRejected, change_row, read_json_change, unscaled_decimal
+from onceflow.schemas.types import parse_type
+
+SAMPLES = Path(__file__).resolve().parents[1] / "data" / "debezium"
+# The source table: (id integer PRIMARY KEY, name text, qty integer, price numeric(10,2),
+# updated_at timestamptz)
+FIELDS = (
+    ("id", parse_type("int")),
+    ("name", parse_type("string?")),
+    ("qty", parse_type("int?")),
+    ("price", parse_type("decimal(10,2)?")),
+    ("updated_at", parse_type("timestamp?")),
+)
+
+
+def _sample(serialization: str, kind: str) -> Change:
+    folder = SAMPLES / serialization
+    key, value = folder / f"{kind}.key.json", folder / f"{kind}.value.json"
+    return read_json_change(
+        key.read_bytes() if key.exists() else None, value.read_bytes() if value.exists() else None
+    )
+
+
+@pytest.mark.parametrize("kind", ["read", "create", "update", "delete", "create_after_add_column"])
+def test_both_json_serializations_give_the_same_change_and_row(kind: str) -> None:
+    wrapped, bare = _sample("json", kind), _sample("json-schemaless", kind)
+    assert wrapped.op == bare.op
+    row_wrapped, row_bare = change_row(wrapped, FIELDS), change_row(bare, FIELDS)
+    # The two connectors ran at different moments: the same shape, the same key, values of one kind.
+    assert set(row_wrapped) == set(row_bare) == {*(name for name, _ in FIELDS), "_op"}
+    assert row_wrapped["_op"] == row_bare["_op"] == wrapped.op
+    for row in (row_wrapped, row_bare):
+        assert isinstance(row["id"], int)
+        if wrapped.upsert:
+            assert isinstance(row["price"], Decimal) and row["price"].as_tuple().exponent == -2
+            assert isinstance(row["updated_at"], dt.datetime) and row["updated_at"].tzinfo is not None
+        else:  # a delete keeps the key only
+            assert [name for name, value in row.items() if value is not None] == ["id", "_op"]
+
+
+def test_an_update_reads_the_after_image_exactly() -> None:
+    update = _sample("json-schemaless", "update")
+    document = json.loads((SAMPLES / "json-schemaless" / "update.value.json").read_text())
+    row = change_row(update, FIELDS)
+    after = document["after"]
+    assert (row["id"], row["name"], row["qty"]) == (after["id"], after["name"], after["qty"])
+    assert row["price"] == unscaled_decimal(after["price"], 2)
+    assert row["updated_at"] == dt.datetime.fromisoformat(after["updated_at"].replace("Z", "+00:00"))
+    assert update.transaction == str(document["source"]["txId"])
+
+
+def test_a_tombstone_deletes_its_key_and_a_truncate_keys_nothing() -> None:
+    for serialization in ("json", "json-schemaless"):
+        tombstone = _sample(serialization, "tombstone")
+        assert tombstone.op == "d" and tombstone.image is None
+        row = change_row(tombstone, FIELDS)
+        assert row["_op"] == "d" and row["id"] == _sample(serialization, "delete").key["id"]  # type: ignore[index]
+        truncate = _sample(serialization, "truncate")
+        assert truncate.op == "t" and change_row(truncate, FIELDS) == {
+            **dict.fromkeys(dict(FIELDS)),
+            "_op": "t",
+        }
+
+
+def test_connect_decimals_are_exact_at_any_sign_and_scale() -> None:
+    assert unscaled_decimal("LuA=", 2) == Decimal("120.00")
+    assert unscaled_decimal("/w==", 0) == Decimal(-1)
+    assert unscaled_decimal("AA==", 3) == Decimal("0.000")
+    with pytest.raises(ChangeRejected, match="malformed_change: decimal 'not base64!' is not base64"):
+        unscaled_decimal("not base64!", 2)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        (None, b"{", "malformed_change: the value is not JSON"),
+        (None, b"[1, 2]", "malformed_change: the value is not a change event"),
+        (None, b'{"op": "x", "after": {}}', 'malformed_change: op "x" is not one of'),
+        (None, b'{"after": {"id": 1}}', "malformed_change: op none is not one of"),
+        (b'{"id": 1}', b'{"op": "u", "after": null}', "malformed_change: op 'u' without an 'after' object"),
+        (None, b'{"op": "c", "after": {"id": 1}}', "missing_key: a insert without a record key"),
+    ],
+)
+def test_what_is_not_a_change_is_refused_with_its_reason(
+    key: bytes | None, value: bytes, reason: str
+) -> None:
+    with pytest.raises(ChangeRejected) as refused:
+        change_row(read_json_change(key, value), FIELDS)
+    assert refused.value.reason.startswith(reason)
+
+
+def test_named_key_fields_key_a_change_and_a_wrong_value_names_its_field() -> None:
+    change = read_json_change(None, b'{"op": "c", "after": {"id": 7, "name": "x", "qty": "three"}}')
+    with pytest.raises(ChangeRejected) as refused:
+        change_row(change, FIELDS, key_fields=("id",))
+    assert refused.value.reason.startswith("wrong_type: field 'qty': expected int")
+    ok = read_json_change(None, b'{"op": "c", "after": {"id": 7, "name": "x", "price": "12.50"}}')
+    assert change_row(ok, FIELDS, ("id",), decimals="string")["price"] == Decimal("12.50")
+    keyless = read_json_change(b'{"id": 7}', b'{"op": "d", "before": null}')
+    with pytest.raises(
+        ChangeRejected, match=r"missing_key: a delete without a value for key field\(s\) \['name'\]"
+    ):
+        change_row(keyless, FIELDS, ("name",))
