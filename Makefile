@@ -15,9 +15,10 @@ LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench local_
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
 	@echo "make test           lint, type-check and run the whole test suite against the real services"
-	@echo "make services       start Kafka, PostgreSQL, the schema registry and the warm Spark runtime;"
-	@echo "                    prints KEY=VALUE settings to eval"
-	@echo "                    (ONCEFLOW_WARM_SPARK=0: no Spark runtime, slices run through spark-submit)"
+	@echo "make services       start Kafka, PostgreSQL, the schema registry, the warm Spark runtime and"
+	@echo "                    Kafka Connect with Debezium; prints KEY=VALUE settings to eval"
+	@echo "                    (ONCEFLOW_WARM_SPARK=0: no Spark runtime, slices run through spark-submit;"
+	@echo "                    ONCEFLOW_KAFKA_CONNECT=0: no Kafka Connect)"
 	@echo "make services-stop  stop them (data is kept in .onceflow/)"
 	@echo "make airflow-ui     airflow standalone (UI on http://localhost:8080) on the local stack and DAGs"
 	@echo "make lint           ruff and mypy"
@@ -37,10 +38,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# Kafka's broker jars, and Apicurio Registry's application where a Java 21+ can run it (else one line
-# says the schema registry is left out).
+# Kafka's broker jars (they hold Kafka Connect's runtime too), Kafka Connect's plugins (Debezium's
+# PostgreSQL connector, Apicurio's converters), and Apicurio Registry's application where a Java 21+ can
+# run it (else one line says the schema registry is left out).
 jars:
 	@infra/kafka.sh jars
+	@infra/connect.sh jars
 	@if infra/registry.sh usable; then infra/registry.sh jars; fi
 
 services: venv jars

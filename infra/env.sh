@@ -37,6 +37,8 @@ export ONCEFLOW_PG_USER="${ONCEFLOW_PG_USER:-onceflow}"
 export ONCEFLOW_PG_PASSWORD="${ONCEFLOW_PG_PASSWORD:-onceflow}"
 export ONCEFLOW_PG_DATABASE="${ONCEFLOW_PG_DATABASE:-onceflow}"
 export ONCEFLOW_PG_MAX_PREPARED="${ONCEFLOW_PG_MAX_PREPARED:-100}"
+# Logical decoding (wal_level=logical): replication slots, and as many WAL senders (one per CDC connector).
+export ONCEFLOW_PG_MAX_REPLICATION_SLOTS="${ONCEFLOW_PG_MAX_REPLICATION_SLOTS:-20}"
 export ONCEFLOW_PG_DSN="${ONCEFLOW_PG_DSN:-postgresql://$ONCEFLOW_PG_USER:$ONCEFLOW_PG_PASSWORD@$ONCEFLOW_PG_HOST:$ONCEFLOW_PG_PORT/$ONCEFLOW_PG_DATABASE}"
 
 # The ledger: an embedded SQLite file unless pointed elsewhere (any SQLAlchemy URL).
@@ -143,3 +145,18 @@ export ONCEFLOW_REGISTRY_HEAP="${ONCEFLOW_REGISTRY_HEAP:-384m}"
 export ONCEFLOW_REGISTRY_DATA="${ONCEFLOW_REGISTRY_DATA:-$ONCEFLOW_HOME/registry}"
 # What `make services` prints for onceflow when it runs the registry: the local one's API.
 export ONCEFLOW_SCHEMA_REGISTRY_URL="${ONCEFLOW_SCHEMA_REGISTRY_URL:-http://$ONCEFLOW_REGISTRY_HOST:$ONCEFLOW_REGISTRY_PORT/apis/ccompat/v7}"
+
+# `make services` starts Kafka Connect unless ONCEFLOW_KAFKA_CONNECT=0.
+export ONCEFLOW_KAFKA_CONNECT="${ONCEFLOW_KAFKA_CONNECT:-1}"
+# Kafka Connect for change data capture (infra/connect.sh): one distributed-mode worker on loopback with
+# Debezium's PostgreSQL connector and Apicurio Registry's converters on its plugin path; its REST API on
+# ONCEFLOW_CONNECT_PORT, its log, pid and properties in ONCEFLOW_CONNECT_DATA.
+export ONCEFLOW_CONNECT_HOST="${ONCEFLOW_CONNECT_HOST:-127.0.0.1}"
+export ONCEFLOW_CONNECT_PORT="${ONCEFLOW_CONNECT_PORT:-18083}"
+export ONCEFLOW_CONNECT_DATA="${ONCEFLOW_CONNECT_DATA:-$ONCEFLOW_HOME/connect}"
+export ONCEFLOW_CONNECT_HEAP="${ONCEFLOW_CONNECT_HEAP:-512m}"
+export ONCEFLOW_DEBEZIUM_VERSION="${ONCEFLOW_DEBEZIUM_VERSION:-3.6.1.Final}"
+export ONCEFLOW_CONNECT_APICURIO_VERSION="${ONCEFLOW_CONNECT_APICURIO_VERSION:-2.6.13.Final}"
+# More worker settings, as space-separated key=value pairs (they win over infra/connect.sh's own).
+export ONCEFLOW_CONNECT_CONF="${ONCEFLOW_CONNECT_CONF:-}"
+export ONCEFLOW_CONNECT_URL="${ONCEFLOW_CONNECT_URL:-http://$ONCEFLOW_CONNECT_HOST:$ONCEFLOW_CONNECT_PORT}"

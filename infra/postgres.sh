@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Local PostgreSQL (Debian's server binaries) for onceflow, on loopback, with two-phase commit enabled.
+# Local PostgreSQL (Debian's server binaries) for onceflow, on loopback, with two-phase commit enabled and
+# logical decoding (wal_level=logical, for Debezium's change data capture through pgoutput; the onceflow
+# role may replicate).
 #   infra/postgres.sh start    initdb on first start, start, wait until it answers, create role and database
 #   infra/postgres.sh stop     stop by pid (fast shutdown, then SIGKILL); `stop --kill` sends SIGKILL at once
 #   infra/postgres.sh status   exit 0 when the server answers
@@ -72,6 +74,8 @@ start() {
     as_owner "$BINDIR/pg_ctl" -D "$ONCEFLOW_PG_DATA" -l "$LOG" -w -t 60 start -o "\
       -c listen_addresses=$ONCEFLOW_PG_HOST -p $ONCEFLOW_PG_PORT -c unix_socket_directories='' \
       -c max_prepared_transactions=$ONCEFLOW_PG_MAX_PREPARED -c max_connections=200 \
+      -c wal_level=logical -c max_replication_slots=$ONCEFLOW_PG_MAX_REPLICATION_SLOTS \
+      -c max_wal_senders=$ONCEFLOW_PG_MAX_REPLICATION_SLOTS \
       -c fsync=on -c synchronous_commit=on" >/dev/null
     onceflow_wait_for PostgreSQL "$PIDFILE" 60 "$LOG" answers
   fi
@@ -79,13 +83,21 @@ start() {
       IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$ONCEFLOW_PG_USER') THEN
         CREATE ROLE \"$ONCEFLOW_PG_USER\" LOGIN PASSWORD '$ONCEFLOW_PG_PASSWORD' CREATEDB;
       END IF; END \$\$;"
+  # Debezium connects as this role: a replication slot needs REPLICATION (idempotent).
+  sql -d postgres -c "ALTER ROLE \"$ONCEFLOW_PG_USER\" REPLICATION"
   if [ -z "$(sql -d postgres -At -c "SELECT 1 FROM pg_database WHERE datname = '$ONCEFLOW_PG_DATABASE'")" ]; then
     onceflow_say "creating database $ONCEFLOW_PG_DATABASE owned by $ONCEFLOW_PG_USER"
     sql -d postgres -c "CREATE DATABASE \"$ONCEFLOW_PG_DATABASE\" OWNER \"$ONCEFLOW_PG_USER\""
   fi
-  local prepared
+  local prepared wal_level
   prepared=$(sql -d postgres -At -c 'SHOW max_prepared_transactions')
-  onceflow_say "PostgreSQL is up (database $ONCEFLOW_PG_DATABASE, max_prepared_transactions=$prepared)"
+  wal_level=$(sql -d postgres -At -c 'SHOW wal_level')
+  onceflow_say "PostgreSQL is up (database $ONCEFLOW_PG_DATABASE, max_prepared_transactions=$prepared, wal_level=$wal_level)"
+  # A server started by an older version of this script runs on: wal_level only changes with a restart,
+  # which is left to the user (it breaks every open connection).
+  if [ "$wal_level" != logical ]; then
+    onceflow_say "this PostgreSQL runs with wal_level=$wal_level: change data capture (Debezium) needs logical; restart it with: infra/postgres.sh restart"
+  fi
 }
 
 stop() {

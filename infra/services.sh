@@ -2,8 +2,10 @@
 # Start or stop the whole local stack: PostgreSQL, Kafka, the schema registry (Apicurio Registry,
 # infra/registry.sh; left out, in one line, where no Java 21+ is there to run it) and the warm Spark
 # runtime (a standalone cluster with a Spark Connect server, infra/spark.sh; ONCEFLOW_WARM_SPARK=0 leaves
-# it out, and slices then run through spark-submit). `start` ends by printing the connection settings as
-# KEY=VALUE lines on stdout (progress goes to stderr), so that `eval "$(infra/services.sh start)"` works.
+# it out, and slices then run through spark-submit) and Kafka Connect with Debezium's PostgreSQL connector
+# (infra/connect.sh; ONCEFLOW_KAFKA_CONNECT=0 leaves it out). `start` ends by printing the connection
+# settings as KEY=VALUE lines on stdout (progress goes to stderr), so that
+# `eval "$(infra/services.sh start)"` works.
 set -euo pipefail
 here="$(dirname "${BASH_SOURCE[0]}")"
 # shellcheck source=infra/env.sh
@@ -18,9 +20,11 @@ print_env() {
     printf '%s=%q\n' ONCEFLOW_SCHEMA_REGISTRY_URL "$ONCEFLOW_SCHEMA_REGISTRY_URL"
   fi
   if warm_spark; then "$here/spark.sh" env; fi
+  if kafka_connect; then "$here/connect.sh" env; fi
 }
 
 warm_spark() { [ "${ONCEFLOW_WARM_SPARK:-1}" != "0" ]; }
+kafka_connect() { [ "${ONCEFLOW_KAFKA_CONNECT:-1}" != "0" ]; }
 
 case "${1:-}" in
   start)
@@ -29,6 +33,11 @@ case "${1:-}" in
     "$here/kafka.sh" start
     # Without a Java 21+, `usable` says in one line that the registry is left out, and the stack goes on.
     if "$here/registry.sh" usable; then "$here/registry.sh" start >/dev/null; fi
+    if kafka_connect; then
+      "$here/connect.sh" start >/dev/null
+    else
+      onceflow_say "ONCEFLOW_KAFKA_CONNECT=0: no Kafka Connect (change data capture)"
+    fi
     if warm_spark; then
       "$here/spark.sh" start >/dev/null
     else
@@ -38,6 +47,7 @@ case "${1:-}" in
     print_env
     ;;
   stop)
+    "$here/connect.sh" stop
     "$here/spark.sh" stop
     "$here/registry.sh" stop
     "$here/kafka.sh" stop

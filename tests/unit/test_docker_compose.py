@@ -65,7 +65,8 @@ def _shared(settings: dict[str, str]) -> dict[str, str]:
 
 def test_topology_has_every_service(compose) -> None:
     services = set(compose["services"])
-    assert {"kafka", "postgres", "registry", "spark-master", "spark-worker"} | AIRFLOW_SERVICES <= services
+    expected = {"kafka", "postgres", "registry", "spark-master", "spark-worker", "connect", "connect-plugins"}
+    assert expected | AIRFLOW_SERVICES <= services
 
 
 def test_bind_mounts_and_build_files_exist(compose) -> None:
@@ -456,6 +457,108 @@ def test_the_spark_connect_server_runs_as_the_local_scripts_run_it(compose) -> N
     assert '"port": 15002' in conn
 
 
+def _local_connect_config() -> dict[str, str]:
+    """The worker properties exactly as infra/connect.sh writes them for the local stack."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+    out = subprocess.run(
+        ["bash", str(ROOT / "infra" / "connect.sh"), "config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if line and not line.startswith("#"))
+
+
+# Where the compose worker and the local one may differ: the addresses and the plugin folder.
+CONNECT_TOPOLOGY = {"bootstrap.servers", "listeners", "rest.advertised.host.name", "rest.advertised.port"}
+CONNECT_TOPOLOGY |= {"plugin.path"}
+
+
+def test_kafka_connect_runs_as_the_local_scripts_run_it() -> None:
+    """Kafka's own image of the broker's version runs one distributed worker with the local worker's
+    settings, on the port infra/env.sh gives it, with the plugins the same poms and versions resolve."""
+    defaults = _env_sh_defaults()
+    rendered = render()
+    connect = rendered["services"]["connect"]
+    assert connect["image"] == f"apache/kafka:{defaults['ONCEFLOW_KAFKA_VERSION']}"
+    program, properties = connect["command"]
+    assert program == "/opt/kafka/bin/connect-distributed.sh"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in connect["volumes"]}
+    assert mounts["/opt/onceflow/infra/connect"] == "./infra/connect"
+    compose_file = ROOT / "infra" / "connect" / properties.removeprefix("/opt/onceflow/infra/connect/")
+    lines = compose_file.read_text().splitlines()
+    worker = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    local = _local_connect_config()
+    shared = {k: v for k, v in local.items() if k not in CONNECT_TOPOLOGY}
+    assert {k: v for k, v in worker.items() if k not in CONNECT_TOPOLOGY} == shared
+    assert worker["bootstrap.servers"] == "kafka:9092"
+    listener_port = worker["listeners"].rsplit(":", 1)[1]
+    assert (
+        worker["rest.advertised.host.name"] == "connect" and worker["rest.advertised.port"] == listener_port
+    )
+    assert connect["ports"] == [f"127.0.0.1:{defaults['ONCEFLOW_CONNECT_PORT']}:{listener_port}"]
+    assert connect["environment"]["KAFKA_HEAP_OPTS"] == f"-Xmx{defaults['ONCEFLOW_CONNECT_HEAP']}"
+    assert local["listeners"] == f"http://127.0.0.1:{defaults['ONCEFLOW_CONNECT_PORT']}"
+    # The plugins: a folder per plugin, named as infra/connect.sh names them, under the plugin path.
+    assert mounts[worker["plugin.path"]] == "connect-plugins"
+    plugins = rendered["services"]["connect-plugins"]
+    plugin_mounts = {v.split(":")[0]: v.split(":")[1] for v in plugins["volumes"]}
+    assert plugin_mounts["connect-plugins"] == worker["plugin.path"]
+    assert plugin_mounts["./infra/connect"] == "/opt/onceflow/infra/connect"
+    script = plugins["command"][-1]
+    script_text = (ROOT / "infra" / "connect.sh").read_text()
+    for name, prop, variable in (
+        ("debezium-postgres", "debezium.version", "ONCEFLOW_DEBEZIUM_VERSION"),
+        ("apicurio-converter", "apicurio.version", "ONCEFLOW_CONNECT_APICURIO_VERSION"),
+    ):
+        assert f"{name}:{prop}:{defaults[variable]}" in script
+        assert f'plugin {name} {prop} "${variable}"' in script_text
+        assert (ROOT / "infra" / "connect" / f"{name}.pom.xml").is_file()
+    assert "-DexcludeGroupIds=org.apache.kafka,org.slf4j" in script
+    assert "-DexcludeGroupIds=org.apache.kafka,org.slf4j" in script_text
+    assert _depends_on(connect) == {
+        "kafka": "service_healthy",
+        "postgres": "service_healthy",
+        "connect-plugins": "service_completed_successfully",
+    }
+    urls = {
+        name: service["environment"]["ONCEFLOW_CONNECT_URL"]
+        for name, service in rendered["services"].items()
+        if "ONCEFLOW_CONNECT_URL" in service.get("environment", {})
+    }
+    assert set(urls.values()) == {f"http://connect:{listener_port}"}
+    assert set(urls) >= AIRFLOW_SERVICES
+
+
+def test_postgres_decodes_logically_as_the_local_scripts_start_it() -> None:
+    """wal_level=logical with the same number of slots and WAL senders as infra/postgres.sh, and
+    replication connections allowed from the other containers."""
+    defaults = _env_sh_defaults()
+    postgres = render()["services"]["postgres"]
+    command = postgres["command"]
+    slots = defaults["ONCEFLOW_PG_MAX_REPLICATION_SLOTS"]
+    for setting in ("wal_level=logical", f"max_replication_slots={slots}", f"max_wal_senders={slots}"):
+        assert setting in command
+    script = (ROOT / "infra" / "postgres.sh").read_text()
+    assert "-c wal_level=logical -c max_replication_slots=$ONCEFLOW_PG_MAX_REPLICATION_SLOTS" in script
+    assert "-c max_wal_senders=$ONCEFLOW_PG_MAX_REPLICATION_SLOTS" in script
+    assert 'ALTER ROLE \\"$ONCEFLOW_PG_USER\\" REPLICATION' in script
+    init = {v.split(":")[1]: v.split(":")[0] for v in postgres["volumes"]}
+    replication = init["/docker-entrypoint-initdb.d/20-replication.sh"]
+    assert "host replication all all" in (ROOT / replication).read_text()
+
+
+def test_the_test_stacks_move_the_connect_port_and_data() -> None:
+    """infra/test-stacks.sh gives each stack its own Kafka Connect port and folder, so lanes never share
+    a worker (whose internal topics live in the stack's own Kafka)."""
+    script = (ROOT / "infra" / "test-stacks.sh").read_text()
+    defaults = _env_sh_defaults()
+    assert f"ONCEFLOW_CONNECT_PORT={defaults['ONCEFLOW_CONNECT_PORT']}" in script
+    derived = script.split("DERIVED=(", 1)[1].split(")", 1)[0].split()
+    assert {"ONCEFLOW_CONNECT_DATA", "ONCEFLOW_CONNECT_URL"} <= set(derived)
+
+
 # ---------------------------------------------------------------------------------------------------
 # docker-compose.cluster.yml, merged over docker-compose.yml as `docker compose -f … -f …` merges them.
 
@@ -544,7 +647,8 @@ def test_every_published_port_is_on_loopback_unless_the_user_says_otherwise(merg
     reachable from other machines by default; ONCEFLOW_BIND chooses the interface."""
     services = (_cluster_compose() if merged else _load("docker-compose.yml"))["services"]
     published = _published(services, local_env())
-    assert {"kafka", "postgres", "registry", "spark-connect", "airflow-api-server"} <= set(published)
+    expected = {"kafka", "postgres", "registry", "spark-connect", "connect", "airflow-api-server"}
+    assert expected <= set(published)
     for name, ports in published.items():
         for port in ports:
             assert port.startswith("127.0.0.1:") and port.count(":") == 2, f"{name} publishes {port}"
