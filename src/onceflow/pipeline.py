@@ -53,6 +53,9 @@ FIELD_TYPES: tuple[str, ...] = (
 )
 # Columns every decoded row carries, so sinks can deduplicate or trace a row back to its record.
 METADATA_COLUMNS: tuple[str, ...] = ("_topic", "_partition", "_offset", "_timestamp")
+# The column a change stream's rows carry their op in (`Debezium`): c, u, r, d or t.
+OP_COLUMN = "_op"
+DECIMAL_HANDLINGS: tuple[str, ...] = ("precise", "string")
 # Reducers keyed state folds with: associative, so epoch n's rows fold into the state of epoch n-1.
 BUILTIN_REDUCERS: tuple[str, ...] = ("count", "sum", "min", "max")
 # The participant name of a stateful pipeline's state snapshot; no user sink may take it.
@@ -174,6 +177,30 @@ class KafkaSource:
 
 
 @dataclass(frozen=True)
+class Debezium:
+    """The records are Debezium change events (JSON, with or without the converter's schema wrapper)
+    whose row images have the format's schema; each row gets the event's op in `OP_COLUMN` (``c``
+    insert, ``u`` update, ``r`` snapshot read, ``d`` delete, ``t`` truncate).
+
+    ``key``: the fields that identify a row (default: the record key's own fields, Debezium's primary
+    key). ``decimals``: Debezium's ``decimal.handling.mode`` where events carry no schema (``precise``,
+    its default, writes base64; ``string`` numeric text); with the wrapper the schema says. A delete's
+    row holds its key and nulls; a tombstone is a delete of its key. Every field of such a row may be
+    null, the key's aside.
+    """
+
+    key: tuple[str, ...] = ()
+    decimals: str = "precise"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.key, str) or not all(isinstance(k, str) and k for k in self.key):
+            raise _fail("format.changes.key", self.key, "expected a tuple of field names")
+        object.__setattr__(self, "key", tuple(self.key))
+        if self.decimals not in DECIMAL_HANDLINGS:
+            raise _fail("format.changes.decimals", self.decimals, f"expected one of {DECIMAL_HANDLINGS}")
+
+
+@dataclass(frozen=True)
 class JsonFormat:
     """Record values are JSON objects with a declared schema: {field: type}.
 
@@ -190,16 +217,21 @@ class JsonFormat:
     any value as its canonical JSON text.
     ``key_field``, when set, is the row column that receives the record's key as UTF-8 text; records
     without a key are then dead-lettered rather than given an empty key.
+    ``changes``: the records are change events (`Debezium`) and the schema is their rows'.
     """
 
     schema: Mapping[str, str] = field(hash=False)
     key_field: str | None = None
+    changes: Debezium | None = None
 
-    def __init__(self, schema: Mapping[str, Sugar], key_field: str | None = None) -> None:
+    def __init__(
+        self, schema: Mapping[str, Sugar], key_field: str | None = None, changes: Debezium | None = None
+    ) -> None:
         # A hand-written __init__ only to type ``schema`` as what users may give (sugar); what is kept
         # is always {name: canonical text}.
         object.__setattr__(self, "schema", schema)
         object.__setattr__(self, "key_field", key_field)
+        object.__setattr__(self, "changes", changes)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -224,6 +256,16 @@ class JsonFormat:
                 raise _fail("format.key_field", self.key_field, "expected a non-empty column name")
             if self.key_field in canonical or self.key_field in METADATA_COLUMNS:
                 raise _fail("format.key_field", self.key_field, "collides with a schema or metadata column")
+        if self.changes is not None:
+            if not isinstance(self.changes, Debezium):
+                raise _fail("format.changes", self.changes, "expected Debezium(...)")
+            if self.key_field is not None:
+                raise _fail("format.key_field", self.key_field, "not with changes: the key is the change's")
+            if OP_COLUMN in canonical:
+                raise _fail("format.schema", OP_COLUMN, "is the change's op column")
+            unknown = [k for k in self.changes.key if k not in canonical]
+            if unknown:
+                raise _fail("format.changes.key", unknown, "key fields must be fields of the schema")
         object.__setattr__(self, "schema", MappingProxyType(canonical))
 
     def field_type(self, name: str) -> tuple[str, bool]:
@@ -558,6 +600,13 @@ class Pipeline:
         fmt: dict[str, Any]
         if isinstance(self.format, JsonFormat):
             fmt = {"type": "json", "schema": dict(self.format.schema), "key_field": self.format.key_field}
+            if self.format.changes is not None:
+                changes = self.format.changes
+                fmt["changes"] = {
+                    "envelope": "debezium",
+                    "key": list(changes.key),
+                    "decimals": changes.decimals,
+                }
         elif isinstance(self.format, AvroFormat):
             fmt = {"type": "avro", **{name: getattr(self.format, name) for name in _AVRO_KEYS}}
         else:
@@ -606,10 +655,21 @@ class Pipeline:
         source = data["source"]
         _check_keys("source", source, required={"topics"}, optional={"starting", "on_missing_offsets"})
         fmt_data = data["format"]
-        _check_keys("format", fmt_data, required={"type"}, optional={"schema", "key_field", *_AVRO_KEYS})
+        _check_keys(
+            "format", fmt_data, required={"type"}, optional={"schema", "key_field", "changes", *_AVRO_KEYS}
+        )
         fmt: RecordFormat
         if fmt_data["type"] == "json":
-            fmt = JsonFormat(schema=fmt_data.get("schema") or {}, key_field=fmt_data.get("key_field"))
+            changes = None
+            if fmt_data.get("changes") is not None:
+                c = fmt_data["changes"]
+                _check_keys("format.changes", c, required={"envelope"}, optional={"key", "decimals"})
+                if c["envelope"] != "debezium":
+                    raise _fail("format.changes.envelope", c["envelope"], "expected 'debezium'")
+                changes = Debezium(key=tuple(c.get("key") or ()), decimals=c.get("decimals", "precise"))
+            fmt = JsonFormat(
+                schema=fmt_data.get("schema") or {}, key_field=fmt_data.get("key_field"), changes=changes
+            )
         elif fmt_data["type"] == "avro":
             fmt = AvroFormat(**{name: fmt_data[name] for name in _AVRO_KEYS if name in fmt_data})
         elif fmt_data["type"] == "raw":

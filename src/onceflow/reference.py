@@ -77,7 +77,9 @@ def _postgres_type(spark: str) -> str:
 _PIPELINE_ARGS = {
     "name": "the pipeline's name: DAG id `onceflow_<name>`, ledger key, part of transaction ids",
     "source": '`KafkaSource(topics=(…), starting="earliest"|"latest"|ms, on_missing_offsets="fail"|"skip")`',
-    "format": "`JsonFormat(schema={field: type}, key_field=None)`, "
+    "format": "`JsonFormat(schema={field: type}, key_field=None, changes=None)` (`changes=Debezium(key=(…), "
+    'decimals="precise"|"string")`: the records are Debezium change events whose rows have the schema, '
+    "each row with its op in `_op`, see [change events](#change-events)), "
     '`AvroFormat(schema_file=… or subject=…, wire="registry" or "plain", key_field=None)` '
     "(see [Avro](#avro)) or `RawFormat()` (columns `key`, `value`)",
     "sinks": "`SinkSpec(name, kind, {config})` for each output; the keys of each kind are below",

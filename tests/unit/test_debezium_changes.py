@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from onceflow.decoding.debezium import Change, ChangeRejected, change_row, read_json_change, unscaled_decimal
+from onceflow.decoding.records import DeadLetter, KafkaRecord, RowDecoder, row_columns
+from onceflow.errors import ConfigError
+from onceflow.pipeline import Debezium, JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.protocol.planning import check_changes
 from onceflow.schemas.types import parse_type
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "debezium"
@@ -114,3 +119,67 @@ def test_named_key_fields_key_a_change_and_a_wrong_value_names_its_field() -> No
         ChangeRejected, match=r"missing_key: a delete without a value for key field\(s\) \['name'\]"
     ):
         change_row(keyless, FIELDS, ("name",))
+
+
+def _format(**changes: object) -> JsonFormat:
+    schema = {
+        "id": "int",
+        "name": "string?",
+        "qty": "int?",
+        "price": "decimal(10,2)?",
+        "updated_at": "timestamp",
+    }
+    return JsonFormat(schema=schema, changes=Debezium(**changes))  # type: ignore[arg-type]
+
+
+def test_a_change_stream_format_decodes_each_event_into_a_row_with_its_op() -> None:
+    fmt = _format(key=("id",))
+    columns = row_columns(fmt)
+    assert [c[0] for c in columns][:7] == ["id", "name", "qty", "price", "updated_at", "_op", "_topic"]
+    assert [c[2] for c in columns][:6] == [False, True, True, True, True, False]  # deletes null the rest
+    decoder = RowDecoder(fmt, 1_000_000)
+    ops = []
+    for offset, kind in enumerate(("read", "create", "update", "delete", "tombstone", "truncate")):
+        for serialization in ("json", "json-schemaless"):
+            folder = SAMPLES / serialization
+            key, value = folder / f"{kind}.key.json", folder / f"{kind}.value.json"
+            record = KafkaRecord(
+                "t",
+                0,
+                offset,
+                None,
+                key.read_bytes() if key.exists() else None,
+                value.read_bytes() if value.exists() else None,
+            )
+            row = decoder.decode_row(record)
+            assert isinstance(row, dict), row
+            assert (row["_offset"] == offset and row["id"] is not None) or row["_op"] == "t"
+            ops.append(row["_op"])
+    assert ops == ["r", "r", "c", "c", "u", "u", "d", "d", "d", "d", "t", "t"]
+    letter = decoder.decode_row(
+        KafkaRecord("t", 0, 9, None, b'{"id": 1}', b'{"op": "c", "after": {"id": "x"}}')
+    )
+    assert isinstance(letter, DeadLetter) and letter.reason.startswith("wrong_type: field 'id': expected int")
+
+
+def test_the_change_option_travels_with_the_spec_and_is_checked() -> None:
+    spec = Pipeline(
+        name="mirror",
+        source=KafkaSource(topics=("t",)),
+        format=_format(key=("id",), decimals="string"),
+        sinks=(SinkSpec("log", "files", {"root": "/tmp/unused", "table": "t"}),),
+    )
+    again = Pipeline.from_json(spec.to_json())
+    assert again == spec and again.format.changes == Debezium(key=("id",), decimals="string")  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="key fields must be fields of the schema"):
+        _format(key=("nope",))
+    with pytest.raises(ConfigError, match=r"format\.changes\.decimals"):
+        _format(decimals="double")
+    with pytest.raises(ConfigError, match="is the change's op column"):
+        JsonFormat(schema={"id": "int", "_op": "string"}, changes=Debezium())
+    # A sink that would drop the op is refused before anything runs; one that keeps it is not.
+    narrowing = SinkSpec("pg", "postgres_2pc", {"table": "t", "columns": {"id": "bigint", "name": "text"}})
+    with pytest.raises(ConfigError, match=r"sink 'pg' \(postgres_2pc\) would take the change events' rows"):
+        check_changes(replace(spec, sinks=(narrowing,)))
+    keeping = SinkSpec("pg", "postgres_2pc", {"table": "t", "columns": {"id": "bigint", "_op": "text"}})
+    check_changes(replace(spec, sinks=(keeping,)))

@@ -19,9 +19,10 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 
 from onceflow.decoding.avro_records import AvroDecoder, AvroReject
+from onceflow.decoding.debezium import ChangeRejected, DecimalHandling, change_row, read_json_change
 from onceflow.decoding.schema_registry import SchemaRegistry
 from onceflow.decoding.typed_json import handles, typed_decoder
-from onceflow.pipeline import AvroFormat, JsonFormat, RecordFormat
+from onceflow.pipeline import OP_COLUMN, AvroFormat, Debezium, JsonFormat, RecordFormat
 from onceflow.schemas.types import (
     Array,
     DecimalType,
@@ -286,11 +287,17 @@ class RowDecoder:
             else ()
         )
         self._key_field = fmt.key_field if isinstance(fmt, JsonFormat | AvroFormat) else None
+        self._changes = fmt.changes if isinstance(fmt, JsonFormat) else None
+        self._change_fields = tuple(
+            (name, with_nullable(kind, nullable)) for name, _, nullable, _, kind in self._fields
+        )
         # Most records are settled by one typed parse; the rest by the exact path below it. A format
         # with a type the typed decoder cannot prove equal (time, decimal, ...) takes the exact path.
         self._typed = (
             typed_decoder([(name, base, nullable) for name, base, nullable, _, _ in self._fields])
-            if isinstance(fmt, JsonFormat) and all(handles(kind) for *_, kind in self._fields)
+            if isinstance(fmt, JsonFormat)
+            and fmt.changes is None
+            and all(handles(kind) for *_, kind in self._fields)
             else None
         )
         # A decimal must not pass through a double: such a format parses JSON fractions as Decimal.
@@ -316,13 +323,15 @@ class RowDecoder:
                     "oversized", f"{record.size} bytes of key and value, limit {self.max_record_bytes}"
                 )
             values: list[Any]
-            if isinstance(self.fmt, JsonFormat):
+            if self._changes is not None:
+                values = self._change_values(self._changes, record)
+            elif isinstance(self.fmt, JsonFormat):
                 values = self._json_values(record)
             elif self._avro is not None:
                 values = self._avro_values(self._avro, record)
             else:
                 values = [record.key, record.value]
-        except (_Reject, AvroReject) as rejected:
+        except (_Reject, AvroReject, ChangeRejected) as rejected:
             self.dead_letters += 1
             letter = DeadLetter.kept(
                 record.topic,
@@ -393,6 +402,13 @@ class RowDecoder:
         if "\\u" in text and ("\\ud" in text or "\\uD" in text):
             _check_surrogates(self._fields, values)
         return self._with_key(values, record)
+
+    def _change_values(self, changes: Debezium, record: KafkaRecord) -> list[Any]:
+        """A change event's row (`onceflow.decoding.debezium`): the schema's fields, then its op."""
+        change = read_json_change(record.key, record.value)
+        decimals: DecimalHandling = "string" if changes.decimals == "string" else "precise"
+        row = change_row(change, self._change_fields, changes.key, decimals)
+        return [*(row[name] for name, _ in self._change_fields), row[OP_COLUMN]]
 
     def _with_key(self, values: list[Any], record: KafkaRecord) -> list[Any]:
         """``values`` with the key's column appended, where the format declares one."""
@@ -730,11 +746,16 @@ def row_columns(fmt: RecordFormat) -> list[tuple[str, str, bool]]:
     """
     columns: list[tuple[str, str, bool]] = []
     if isinstance(fmt, JsonFormat):
+        changes = fmt.changes
         for name in fmt.schema:
             expected, nullable = fmt.field_type(name)
+            if changes is not None and name not in changes.key:
+                nullable = True  # a delete's row holds its key and nulls
             columns.append((name, render(row_type(parse_type(expected))), nullable))
         if fmt.key_field is not None:
             columns.append((fmt.key_field, "string", False))
+        if changes is not None:
+            columns.append((OP_COLUMN, "string", False))
     elif isinstance(fmt, AvroFormat):
         columns += fmt.columns()
         if fmt.key_field is not None:

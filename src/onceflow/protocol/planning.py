@@ -15,7 +15,7 @@ from onceflow.config import Settings
 from onceflow.errors import ConfigError
 from onceflow.ledger import Epoch, EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
-from onceflow.pipeline import STATE_SINK, Pipeline, SinkSpec
+from onceflow.pipeline import OP_COLUMN, STATE_SINK, JsonFormat, Pipeline, SinkSpec
 from onceflow.protocol.step_results import PlanResult, PlanStatus
 from onceflow.sinks.base import SinkCommitter
 from onceflow.sinks.registry import known_kinds, sink_kind
@@ -169,6 +169,23 @@ def check_rerun(spec: Pipeline) -> None:
         )
 
 
+def check_changes(spec: Pipeline) -> None:
+    """A change stream's rows are changes, not records: a sink that narrows them to columns without
+    their op would store a delete as a row of its key and nulls. Until sinks apply changes by key, each
+    sink keeps them as a log, with the op."""
+    fmt = spec.format
+    if not isinstance(fmt, JsonFormat) or fmt.changes is None or spec.transform is not None:
+        return
+    for sink in spec.sinks:
+        columns = sink_kind(sink.kind).columns(sink.config)
+        if columns is not None and OP_COLUMN not in columns:
+            raise ConfigError(
+                f"sink {sink.name!r} ({sink.kind}) would take the change events' rows without their op, and "
+                f"store a delete as a row of its key and nulls: add {OP_COLUMN!r} to its columns to keep "
+                "the changes as a log"
+            )
+
+
 def run_plan_checks(
     spec: Pipeline, settings: Settings, parallel_tasks: int | None = None, *, apply: bool = True
 ) -> None:
@@ -178,6 +195,7 @@ def run_plan_checks(
     ``apply``: the sinks also make what the epoch needs (tables, new columns); a preview only checks."""
     check_guarantee(spec)
     check_rerun(spec)
+    check_changes(spec)
     if spec.transform is not None:
         spec.load_transform()  # a transform that cannot be imported fails now, not inside Spark
     parallel = max(spec.slices, 1) if parallel_tasks is None else parallel_tasks
