@@ -19,7 +19,12 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from onceflow.config import Settings
 
 SERIALIZATIONS = ("json", "json-schemaless", "avro")
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
@@ -381,3 +386,35 @@ class ChangeReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def require_connect(settings: Settings) -> str:
+    """The stack's Kafka Connect URL, checked to answer and to hold Debezium's PostgreSQL connector, with
+    PostgreSQL ready for a new replication slot; fails the calling test in one line otherwise."""
+    try:
+        plugins = request("GET", "/connector-plugins")
+    except (ConnectError, OSError) as exc:
+        pytest.fail(f"Kafka Connect does not answer ({exc}); start it with `make services`", pytrace=False)
+    classes = {plugin["class"] for plugin in plugins}
+    assert "io.debezium.connector.postgresql.PostgresConnector" in classes, classes
+    import psycopg
+
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW wal_level").fetchone()
+        in_doubt = [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts ORDER BY prepared")]
+    if row is None or row[0] != "logical":
+        pytest.fail(
+            f"PostgreSQL runs with wal_level={row and row[0]}: restart it with `infra/postgres.sh restart`",
+            pytrace=False,
+        )
+    if in_doubt:
+        # A new logical replication slot waits until every transaction running in the server has ended,
+        # prepared ones included: the connectors would hang in their first start.
+        pytest.fail(
+            f"{len(in_doubt)} prepared transaction(s) left in doubt in the stack's PostgreSQL "
+            f"({', '.join(in_doubt[:3])}) block creating a replication slot: COMMIT PREPARED or "
+            "ROLLBACK PREPARED them",
+            pytrace=False,
+        )
+    remove_leftovers(settings.pg_dsn)
+    return os.environ["ONCEFLOW_CONNECT_URL"]

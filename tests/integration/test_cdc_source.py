@@ -34,10 +34,8 @@ from tests.cdc import (
     CdcConnector,
     Change,
     ChangeReader,
-    ConnectError,
     register_postgres_connector,
-    remove_leftovers,
-    request,
+    require_connect,
 )
 
 pytestmark = pytest.mark.integration
@@ -59,34 +57,7 @@ SAMPLE_KINDS = {
 
 @pytest.fixture(scope="module")
 def connect(settings: Settings) -> str:
-    """The stack's Kafka Connect, checked to answer and to hold Debezium's PostgreSQL connector."""
-    try:
-        plugins = request("GET", "/connector-plugins")
-    except (ConnectError, OSError) as exc:
-        pytest.fail(f"Kafka Connect does not answer ({exc}); start it with `make services`", pytrace=False)
-    classes = {plugin["class"] for plugin in plugins}
-    assert "io.debezium.connector.postgresql.PostgresConnector" in classes, classes
-    import psycopg
-
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        row = conn.execute("SHOW wal_level").fetchone()
-        in_doubt = [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts ORDER BY prepared")]
-    if row is None or row[0] != "logical":
-        pytest.fail(
-            f"PostgreSQL runs with wal_level={row and row[0]}: restart it with `infra/postgres.sh restart`",
-            pytrace=False,
-        )
-    if in_doubt:
-        # A new logical replication slot waits until every transaction running in the server has ended,
-        # prepared ones included: the connectors would hang in their first start.
-        pytest.fail(
-            f"{len(in_doubt)} prepared transaction(s) left in doubt in the stack's PostgreSQL "
-            f"({', '.join(in_doubt[:3])}) block creating a replication slot: COMMIT PREPARED or "
-            "ROLLBACK PREPARED them",
-            pytrace=False,
-        )
-    remove_leftovers(settings.pg_dsn)
-    return os.environ["ONCEFLOW_CONNECT_URL"]
+    return require_connect(settings)
 
 
 @pytest.fixture
