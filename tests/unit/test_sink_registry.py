@@ -14,6 +14,7 @@ def test_every_kind_builds_a_writer_and_a_committer() -> None:
     configs = {
         "postgres_2pc": base,
         "postgres_upsert": {**base, "key_columns": ["id"]},
+        "postgres_changes": {**base, "key_columns": ["id"]},
         "plain": base,
         "wal": {**base, "root": "/tmp/wal"},
         "files": {"root": "/tmp/files", "table": "t"},

@@ -171,8 +171,8 @@ def check_rerun(spec: Pipeline) -> None:
 
 def check_changes(spec: Pipeline) -> None:
     """A change stream's rows are changes, not records: a sink that narrows them to columns without
-    their op would store a delete as a row of its key and nulls. Until sinks apply changes by key, each
-    sink keeps them as a log, with the op."""
+    their op would store a delete as a row of its key and nulls. A sink applies them by key
+    (`postgres_changes`, whose rows keep the op) or keeps them as a log, with the op."""
     fmt = spec.format
     if not isinstance(fmt, JsonFormat) or fmt.changes is None or spec.transform is not None:
         return
@@ -182,7 +182,7 @@ def check_changes(spec: Pipeline) -> None:
             raise ConfigError(
                 f"sink {sink.name!r} ({sink.kind}) would take the change events' rows without their op, and "
                 f"store a delete as a row of its key and nulls: add {OP_COLUMN!r} to its columns to keep "
-                "the changes as a log"
+                "the changes as a log, or apply them by key with the postgres_changes sink"
             )
 
 

@@ -1,6 +1,8 @@
-"""A source table captured by Debezium on the stack's Kafka Connect, read by a pipeline as change events
-into a change log (the files sink, each row with its op), epoch after epoch: replaying the log in source
-order gives the source table, row for row, in both of Debezium's JSON serializations."""
+"""A source table captured by Debezium on the stack's Kafka Connect, read by a pipeline as change events,
+epoch after epoch, in both of Debezium's JSON serializations: into a change log (the files sink, each row
+with its op), which replayed in source order gives the source table, and into a PostgreSQL mirror that
+applies them by key, which is the source table after each committed epoch, row for row. Read tasks of
+three records put changes of one key into several tasks of an epoch."""
 
 from __future__ import annotations
 
@@ -24,6 +26,13 @@ from tests.cdc import ChangeReader, register_postgres_connector, require_connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODULE = "tests.integration.engine.test_cdc_pipeline"
+MIRROR_COLUMNS = {
+    "id": "bigint",
+    "name": "text",
+    "qty": "bigint",
+    "price": "numeric(10,2)",
+    "updated_at": "timestamptz",
+}
 SCHEMA = {"id": "int", "name": "string", "qty": "int?", "price": "decimal(10,2)?", "updated_at": "timestamp"}
 
 
@@ -35,7 +44,18 @@ def __getattr__(name: str) -> Pipeline:
         name=f"{os.environ.get('ONCEFLOW_TEST_PIPELINE', 'engine-test')}-cdc",
         source=KafkaSource(topics=(os.environ["ONCEFLOW_TEST_CDC_TOPIC"],)),
         format=JsonFormat(schema=SCHEMA, changes=Debezium(key=("id",))),
-        sinks=(SinkSpec("log", "files", {"root": os.environ["ONCEFLOW_TEST_FILES"], "table": "log"}),),
+        sinks=(
+            SinkSpec("log", "files", {"root": os.environ["ONCEFLOW_TEST_FILES"], "table": "log"}),
+            SinkSpec(
+                "mirror",
+                "postgres_changes",
+                {
+                    "table": os.environ["ONCEFLOW_TEST_TABLE"],
+                    "columns": MIRROR_COLUMNS,
+                    "key_columns": ["id"],
+                },
+            ),
+        ),
         max_records_per_task=3,
     )
 
@@ -57,7 +77,7 @@ def source_table(stack, settings) -> Iterator[str]:  # type: ignore[no-untyped-d
         conn.execute(f"DROP TABLE IF EXISTS {table}")
 
 
-def _source_rows(dsn: str, table: str) -> dict[int, dict[str, Any]]:
+def _table_rows(dsn: str, table: str) -> dict[int, dict[str, Any]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(f"SELECT id, name, qty, price, updated_at FROM {table}").fetchall()
     return {r[0]: dict(zip(("id", "name", "qty", "price", "updated_at"), r, strict=True)) for r in rows}
@@ -83,7 +103,7 @@ def test_debezium_changes_become_a_change_log_that_replays_to_the_source_table( 
 ) -> None:
     require_connect(settings)
     connector = register_postgres_connector(settings.pg_dsn, [f"public.{source_table}"], serialization)
-    topic = connector.topic(source_table)
+    topic, mirror = connector.topic(source_table), stack["ONCEFLOW_TEST_TABLE"]
     monkeypatch.setenv("ONCEFLOW_TEST_CDC_TOPIC", topic)
     monkeypatch.delitem(sys.modules, MODULE, raising=False)
     reader = ChangeReader(settings.kafka_bootstrap, topic, serialization)
@@ -92,28 +112,35 @@ def test_debezium_changes_become_a_change_log_that_replays_to_the_source_table( 
         reader.read(2, timeout_s=120)  # the snapshot's two rows
         first = run_epoch(f"{MODULE}:PIPELINE", Settings.from_env())
         assert first.epoch.status == EpochStatus.COMMITTED
-        assert _replayed(stack["ONCEFLOW_TEST_FILES"]) == _source_rows(settings.pg_dsn, source_table)
+        assert _replayed(stack["ONCEFLOW_TEST_FILES"]) == _table_rows(settings.pg_dsn, source_table)
+        assert _table_rows(settings.pg_dsn, mirror) == _table_rows(settings.pg_dsn, source_table)
 
         with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
             conn.execute(f"INSERT INTO {source_table} (id, name, qty, price) VALUES (3, 'eve', 7, 0.99)")
-            conn.execute(f"UPDATE {source_table} SET qty = 4, price = 10.25, updated_at = now() WHERE id = 1")
+            for qty in (4, 5, 6, 7):  # key 1 changes in several read tasks of the epoch
+                conn.execute(
+                    f"UPDATE {source_table} SET qty = {qty}, price = 10.25, updated_at = now() WHERE id = 1"
+                )
             conn.execute(f"DELETE FROM {source_table} WHERE id = 2")
             with conn.transaction():
                 conn.execute(f"INSERT INTO {source_table} (id, name, qty) VALUES (4, 'kim', NULL)")
                 conn.execute(f"UPDATE {source_table} SET name = 'kim k', price = 1234567.89 WHERE id = 4")
-        reader.read(6, timeout_s=120)  # insert, update, delete and its tombstone, the transaction's two
+        reader.read(9, timeout_s=120)  # insert, 4 updates, delete and its tombstone, the transaction's two
         second = run_epoch(f"{MODULE}:PIPELINE", Settings.from_env())
         assert second.epoch.status == EpochStatus.COMMITTED
-        mirror = _replayed(stack["ONCEFLOW_TEST_FILES"])
-        source = _source_rows(settings.pg_dsn, source_table)
-        assert mirror == source and sorted(mirror) == [1, 3, 4]
-        assert mirror[4]["price"] == Decimal("1234567.89") and mirror[1]["price"] == Decimal("10.25")
-        assert isinstance(mirror[1]["updated_at"], dt.datetime)
+        replayed = _replayed(stack["ONCEFLOW_TEST_FILES"])
+        source = _table_rows(settings.pg_dsn, source_table)
+        assert replayed == source and sorted(replayed) == [1, 3, 4]
+        assert replayed[4]["price"] == Decimal("1234567.89") and replayed[1]["price"] == Decimal("10.25")
+        assert isinstance(replayed[1]["updated_at"], dt.datetime)
+        assert _table_rows(settings.pg_dsn, mirror) == source
         ops = [r["_op"] for r in read_committed_table(stack["ONCEFLOW_TEST_FILES"], "log").to_pylist()]
-        assert sorted(ops) == sorted(["r", "r", "c", "u", "d", "d", "c", "u"])
+        assert sorted(ops) == sorted(["r", "r", "c", "u", "u", "u", "u", "d", "d", "c", "u"])
     finally:
         reader.close()
         connector.delete()
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {mirror}_onceflow_changes")
         existing = set(kafka_admin.list_topics(timeout=10).topics)
         if topic in existing:
             for future in kafka_admin.delete_topics([topic]).values():
