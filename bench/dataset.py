@@ -4,6 +4,7 @@ Every benchmark reads the same records and applies the same work (JSON decode, a
 a projection to three columns), so that throughputs of onceflow, its peers and the plain consumer compare.
 The Avro step writes the very same records (same fields and values, the padding note included) as Avro in
 the schema registry wire format, so that only the encoding differs; its values are smaller than 200 bytes.
+The nested steps write orders with items and a context object, as JSON of 600 bytes or as Avro.
 """
 
 from __future__ import annotations
@@ -40,20 +41,23 @@ def amount_of(i: int) -> float:
     return (i * 7919 % 10_000) / 100
 
 
-def fields(i: int) -> dict[str, Any]:
-    """Record ``i``'s fields, with a ``note`` padding its JSON to exactly RECORD_BYTES."""
-    head: dict[str, Any] = {
-        "id": i,
-        "amount": amount_of(i),
-        "customer": f"c{i % 5000:05d}",
-        "country": "DE",
-        "note": "",
-    }
-    pad = RECORD_BYTES - len(json.dumps(head, separators=(",", ":")))
+def _padded(head: dict[str, Any], size: int) -> dict[str, Any]:
+    """``head`` with its ``note`` set to the padding that makes its compact JSON exactly ``size`` bytes."""
+    head["note"] = ""
+    pad = size - len(json.dumps(head, separators=(",", ":")))
     if pad < 0:
-        raise ValueError(f"record {i} is longer than {RECORD_BYTES} bytes")
+        raise ValueError(f"record {head['id']} is longer than {size} bytes")
     head["note"] = "x" * pad
     return head
+
+
+def _head(i: int) -> dict[str, Any]:
+    return {"id": i, "amount": amount_of(i), "customer": f"c{i % 5000:05d}", "country": "DE", "note": ""}
+
+
+def fields(i: int) -> dict[str, Any]:
+    """Record ``i``'s fields, with a ``note`` padding its JSON to exactly RECORD_BYTES."""
+    return _padded(_head(i), RECORD_BYTES)
 
 
 # The nested data set: an order with its items and a context object, padded to NESTED_RECORD_BYTES.
@@ -68,6 +72,39 @@ NESTED_SCHEMA: dict[str, Any] = {
     "ctx": {"ip": "string", "agent": "string"},
     "note": "string",
 }
+# NESTED_SCHEMA as an Avro record, for the nested Avro step (64-bit numbers, as in AVRO_SCHEMA).
+NESTED_AVRO_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "BenchOrder",
+    "namespace": "dev.onceflow.bench",
+    "fields": [
+        *AVRO_SCHEMA["fields"][:4],
+        {
+            "name": "items",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "BenchItem",
+                    "fields": [
+                        {"name": "sku", "type": "string"},
+                        {"name": "qty", "type": "long"},
+                        {"name": "price", "type": "double"},
+                    ],
+                },
+            },
+        },
+        {
+            "name": "ctx",
+            "type": {
+                "type": "record",
+                "name": "BenchContext",
+                "fields": [{"name": "ip", "type": "string"}, {"name": "agent", "type": "string"}],
+            },
+        },
+        AVRO_SCHEMA["fields"][4],
+    ],
+}
 # The nested pipeline's output: the flat projection and the items, nested as they came.
 NESTED_PROJECTED = (*PROJECTED, "items")
 
@@ -75,26 +112,16 @@ NESTED_PROJECTED = (*PROJECTED, "items")
 def nested_fields(i: int) -> dict[str, Any]:
     """Nested record ``i``: record i's fields, NESTED_ITEMS items and a context, with a ``note`` padding
     its JSON to exactly NESTED_RECORD_BYTES."""
-    head = fields(i) | {
-        "items": [
-            {
-                "sku": f"sku-{(i * 31 + k) % 9973:04d}",
-                "qty": 1 + (i + k) % 4,
-                "price": (i * 13 + k * 7) % 5000 / 100,
-            }
-            for k in range(NESTED_ITEMS)
-        ],
-        "ctx": {
-            "ip": f"10.{i % 256}.{i // 256 % 256}.{i % 7}",
-            "agent": "bench",
-        },
-        "note": "",
-    }
-    pad = NESTED_RECORD_BYTES - len(json.dumps(head, separators=(",", ":")))
-    if pad < 0:
-        raise ValueError(f"nested record {i} is longer than {NESTED_RECORD_BYTES} bytes")
-    head["note"] = "x" * pad
-    return head
+    items = [
+        {
+            "sku": f"sku-{(i * 31 + k) % 9973:04d}",
+            "qty": 1 + (i + k) % 4,
+            "price": (i * 13 + k * 7) % 5000 / 100,
+        }
+        for k in range(NESTED_ITEMS)
+    ]
+    ctx = {"ip": f"10.{i % 256}.{i // 256 % 256}.{i % 7}", "agent": "bench"}
+    return _padded(_head(i) | {"items": items, "ctx": ctx}, NESTED_RECORD_BYTES)
 
 
 def nested_record(i: int) -> bytes:
@@ -107,14 +134,19 @@ def record(i: int) -> bytes:
     return json.dumps(fields(i), separators=(",", ":")).encode()
 
 
-def avro_record(schema_id: int) -> Callable[[int], bytes]:
-    """Record ``i`` as Avro under AVRO_SCHEMA, framed in the registry wire format with ``schema_id``."""
+def avro_record(
+    schema_id: int,
+    schema: dict[str, Any] = AVRO_SCHEMA,
+    values: Callable[[int], dict[str, Any]] = fields,
+) -> Callable[[int], bytes]:
+    """Record ``i`` (``values(i)``: the flat data set's fields, or the nested one's) as Avro under
+    ``schema``, framed in the registry wire format with ``schema_id``."""
     from fastavro import parse_schema
 
     from onceflow.decoding.schema_registry import wire_value
 
-    parsed = parse_schema(AVRO_SCHEMA)
-    return lambda i: wire_value(schema_id, parsed, fields(i))
+    parsed = parse_schema(schema)
+    return lambda i: wire_value(schema_id, parsed, values(i))
 
 
 def kept(records: int) -> int:

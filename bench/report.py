@@ -152,6 +152,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 if values:
                     bar = VS_PEER.get((key, size), 1.2)
                     rows.append(_at_least(f"{what} ≥ {bar}× {peer} at {_power(size)} records", values, bar))
+    rows += _nested_targets(results)
     for size, runs in results.get("spark_jobs", {}).items():
         per_slice = median(r["jobs"] / max(r["slices"], 1) for r in runs)
         shuffled = max(r["shuffle_read_bytes"] + r["shuffle_write_bytes"] for r in runs)
@@ -205,6 +206,22 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             )
         )
     return rows
+
+
+# The nested JSON target: the files pipeline ÷ Structured Streaming (nested from_json) at 10^7 records.
+NESTED_VS_SSS = 1.2
+
+
+def _nested_targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The nested JSON target's row, once the nested step has run at 10^7 with Structured Streaming."""
+    rounds = results.get("nested", {}).get("10000000", {}).get("rounds", [])
+    values = [q for q in (nested_ratios(r)["nested_vs_sss"] for r in rounds) if not math.isnan(q)]
+    if not values:
+        return []
+    target = (
+        f"nested JSON pipeline ≥ {NESTED_VS_SSS}× Structured Streaming (nested from_json) at 10^7 records"
+    )
+    return [_at_least(target, values, NESTED_VS_SSS)]
 
 
 def _epoch_memory_targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -288,6 +305,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _throughput_section(results)
     lines += _avro_section(results)
     lines += _nested_section(results)
+    lines += _nested_avro_section(results)
     lines += _commit_section(results)
     lines += _protocol_section(results)
     lines += _overhead_section(results)
@@ -549,15 +567,122 @@ def _nested_section(results: dict[str, Any]) -> list[str]:
     )
 
     def size_line(size: str, found: dict[str, Any], runtime: str) -> str:
+        jvm = "files_nested_jvm" in found["rounds"][0]
         return (
             f"{int(size):,} records; a value is {found['json_value_bytes']:g} bytes flat, "
             f"{found['nested_value_bytes']:g} nested; onceflow runtime: {runtime}."
+            + ("" if jvm else " The JVM read path was not run at this size (`--nested-jvm-sizes`).")
         )
 
     title = "## Nested JSON beside flat JSON (records/s, end to end)"
-    return _ratio_section(
-        results.get("nested", {}), title, intro, size_line, NESTED_SYSTEMS, NESTED_RATIOS, nested_ratios
+    nested = results.get("nested", {})
+    lines = _ratio_section(nested, title, intro, size_line, NESTED_SYSTEMS, NESTED_RATIOS, nested_ratios)
+    return lines + _nested_verdict(nested.get("10000000", {}).get("rounds", []))
+
+
+def _nested_verdict(rounds: list[dict[str, Any]]) -> list[str]:
+    """Whether the 10^7 rounds meet the nested JSON target, and where each system's time per record
+    went: onceflow's slice jobs against its whole run, Structured Streaming's query against its whole
+    spark-submit."""
+    rounds = [r for r in rounds if "spark_structured_streaming_nested" in r]
+    if not rounds:
+        return []
+    ratio = median(nested_ratios(r)["nested_vs_sss"] for r in rounds)
+    verdict = "met" if ratio >= NESTED_VS_SSS else "missed"
+    counted = "one round" if len(rounds) == 1 else f"median of {len(rounds)} rounds"
+
+    def micros(run: dict[str, Any], seconds: float) -> float:
+        return seconds / run["records"] * 1e6
+
+    ours = [r["files_nested"] for r in rounds]
+    theirs = [r["spark_structured_streaming_nested"] for r in rounds]
+    ours_wall = median(micros(run, run["wall_s"]) for run in ours)
+    ours_slices = median(micros(run, sum(e["spark_s"] for e in run["epochs"])) for run in ours)
+    theirs_wall = median(micros(run, run["wall_s"]) for run in theirs)
+    theirs_query = median(micros(run, run["processing_s"]) for run in theirs)
+    return [
+        f"**The target at 10^7 records (nested JSON, files sink, ≥ {NESTED_VS_SSS}× Structured Streaming "
+        f"with the nested `StructType`) is {verdict}: {ratio:.2f}×** ({counted}). Time per record: "
+        f"onceflow {ours_wall:.1f} µs end to end, of which "
+        f"{ours_slices:.1f} µs in its slice jobs (the Python workers' read, typed parse and Arrow "
+        f"batches, the transform and the staged Parquet); Structured Streaming {theirs_wall:.1f} µs end "
+        f"to end, of which {theirs_query:.1f} µs in its query (the rest is spark-submit's start-up and "
+        "the final count)." + ("" if verdict == "met" else " " + NESTED_PROFILE),
+        "",
+    ]
+
+
+# What a profile of the nested JSON pipeline found (one epoch of 10^6 nested records on the warm runtime,
+# `python -m bench.spark_jobs --records 1000000 --nested`, its Python workers sampled by py-spy at 50 Hz;
+# the decode alone timed in one process over 2·10^5 records).
+NESTED_PROFILE = (
+    "Where onceflow's time goes, from a profile of one 10^6-record nested epoch on the warm runtime "
+    "(`python -m bench.spark_jobs --records 1000000 --nested`, the Python workers sampled by py-spy "
+    "at 50 Hz): one Spark job of one stage, no shuffle; the executors' JVMs spent 3.6 CPU seconds, "
+    "the Python workers about 30 s of samples, of which the typed parse of the nested JSON took 37 %, "
+    "building the Arrow columns from the Python rows (the items a list of structs made of dicts) 27 %, "
+    "the Kafka reads 12 % and the Parquet writes 13 %. The parse alone costs 3.6 µs per nested record "
+    "on one core, against 0.9 µs per flat one. Structured Streaming, whose spark-submit start-up weighs "
+    "on it at 10^6 records, reads the nested topic about twice as fast per record at 10^7; onceflow's "
+    "per-record cost stays where it was. The profile points at the Python row path: decoding nested "
+    "records straight into Arrow columns, without a Python row per record, is what would close the gap."
+)
+
+
+# The nested Avro step's systems and ratio: the nested step's orders as Avro (registry wire format).
+NESTED_AVRO_SYSTEMS = {
+    "files_nested_avro": "onceflow → Parquet, nested Avro (Python read)",
+    "spark_structured_streaming_nested_avro": "Structured Streaming, nested from_avro",
+}
+NESTED_AVRO_RATIOS = {"nested_avro_vs_sss": "onceflow ÷ Structured Streaming (nested Avro)"}
+
+
+def nested_avro_ratios(round_: dict[str, Any]) -> dict[str, float]:
+    """The nested Avro step's ratio of one round (NaN where Structured Streaming did not run)."""
+    return {
+        "nested_avro_vs_sss": _rate(round_, "files_nested_avro")
+        / _rate(round_, "spark_structured_streaming_nested_avro")
+    }
+
+
+def nested_avro_summary(entry: dict[str, Any]) -> str:
+    """One round of the nested Avro step in one line, for the bench's log."""
+    return _round_line(entry, NESTED_AVRO_SYSTEMS, nested_avro_ratios(entry))
+
+
+def _nested_avro_section(results: dict[str, Any]) -> list[str]:
+    intro = (
+        "The nested orders above (the same fields and values, five items and a context object each) as "
+        "Avro in the schema registry wire format, with the schema registered in the registry named "
+        "below. In each round, back to back: the exactly-once files pipeline, which decodes nested Avro "
+        "in its Python workers (on either read path), writing the three columns and the items as they "
+        "came; then Structured Streaming cutting off the 5-byte header and reading the body with "
+        "spark-avro's `from_avro` and the nested schema, writing the same columns. Ratios are taken "
+        "within each round; the last row is the median."
     )
+
+    def size_line(size: str, found: dict[str, Any], runtime: str) -> str:
+        return (
+            f"{int(size):,} records; a value is {found['avro_value_bytes']:.1f} bytes; schema in "
+            f"{found['registry']}; onceflow runtime: {runtime}."
+        )
+
+    title = "## Nested Avro (records/s, end to end)"
+    by_size = results.get("nested_avro", {})
+    lines = _ratio_section(
+        by_size, title, intro, size_line, NESTED_AVRO_SYSTEMS, NESTED_AVRO_RATIOS, nested_avro_ratios
+    )
+    rounds = [r for r in by_size.get("10000000", {}).get("rounds", []) if "files_nested_avro" in r]
+    values = [q for q in (nested_avro_ratios(r)["nested_avro_vs_sss"] for r in rounds) if not math.isnan(q)]
+    if values:
+        lines += [
+            f"At 10^7 records onceflow reads nested Avro at {median(values):.2f}× Structured Streaming's "
+            "`from_avro` (the 1.2× target is set for nested JSON only). The Python workers decode each "
+            "record with fastavro, 12 µs per nested record on one core (6 µs per flat one), against "
+            "3.6 µs for the nested JSON's typed parse, while spark-avro decodes in the JVM.",
+            "",
+        ]
+    return lines
 
 
 def _avro_section(results: dict[str, Any]) -> list[str]:

@@ -13,8 +13,10 @@ Steps:
    the files pipeline on the JSON and on the Avro topic, Structured Streaming with from_json and with
    from_avro;
 4c. nested JSON beside flat JSON (``--steps nested``): orders with five items, per round the files
-   pipeline on the flat topic and on the nested one (each read path), Structured Streaming with the
-   flat and the nested StructType;
+   pipeline on the flat topic and on the nested one (each read path; the JVM one at
+   ``--nested-jvm-sizes``), Structured Streaming with the flat and the nested StructType;
+4d. nested Avro (``--steps nested_avro``): the same orders as Avro in the registry wire format, per
+   round the files pipeline and Structured Streaming with from_avro and the nested schema;
 5. peak memory of epochs of a fixed batch on the largest data set;
 5b. the warm runtime's memory over many distinct pipelines and epochs (``--steps runtime_memory``);
 6. the report.
@@ -28,6 +30,7 @@ afterwards), to uniquely named topics, tables and databases (dropped afterwards)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -36,7 +39,8 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +58,7 @@ from bench.dataset import (
 from bench.epochs import PipelineRun, run_to_end, runtime_pids
 from bench.ledgers import postgres_ledger, sqlite_ledger
 from bench.limit import read_all
-from bench.pipelines import bench_pipeline
+from bench.pipelines import NESTED_TRANSFORM, bench_pipeline
 from onceflow import redact
 from onceflow.config import Settings
 from onceflow.pipeline import AvroFormat, JsonFormat, RecordFormat
@@ -264,12 +268,7 @@ class Bench:
                         run = self._pipeline(config, data, self.settings, BATCH_PER_PARTITION)
                         entry[config] = run.to_dict()
                     if size in peer_sizes:
-                        sss = peer_runs.structured_streaming(
-                            self.settings, data, self.workdir, BATCH_PER_PARTITION * PARTITIONS
-                        )
-                        entry["spark_structured_streaming"] = dataclasses.asdict(sss) | {
-                            "records_per_s": sss.records_per_s
-                        }
+                        entry["spark_structured_streaming"] = self._structured_streaming(data)
                         quix = peer_runs.quix(self.settings, data)
                         entry["quix_streams"] = dataclasses.asdict(quix) | {
                             "records_per_s": quix.records_per_s
@@ -288,14 +287,12 @@ class Bench:
         the Avro one, then Structured Streaming on each (``from_json``, ``from_avro``) at ``peer_sizes``;
         the ratios are taken within each round, as in step 4."""
         from bench.avro_topic import produce_avro
-        from bench.peers import runs as peer_runs
 
         out: dict[str, Any] = {}
         for size in sizes:
-            data = produce(self.settings.kafka_bootstrap, size)
-            topics = [data.topic]
-            rounds = []
-            try:
+            with self._topics() as topics:
+                data = produce(self.settings.kafka_bootstrap, size)
+                topics.append(data.topic)
                 avro = produce_avro(self.settings, size, self.workdir)
                 topics.append(avro.data.topic)
                 say(
@@ -303,29 +300,16 @@ class Bench:
                     f"in {avro.data.topic} ({avro.data.produce_s:.1f}s, {avro.value_bytes:.1f} bytes a "
                     f"value, schema id {avro.schema_id} in {avro.registry})"
                 )
-                for n in range(self.runs):
-                    entry: dict[str, Any] = {"load_before": load_average(), "runtime": self.runtime}
-                    entry["files"] = self._pipeline(
-                        "files", data, self.settings, BATCH_PER_PARTITION
-                    ).to_dict()
-                    entry["files_avro"] = self._pipeline(
-                        "files", avro.data, avro.settings, BATCH_PER_PARTITION, fmt=avro.fmt
-                    ).to_dict()
-                    if size in peer_sizes:
-                        batch = BATCH_PER_PARTITION * PARTITIONS
-                        for key, topic, schema in (
-                            ("spark_structured_streaming", data, None),
-                            ("spark_structured_streaming_avro", avro.data, avro.fmt.reader_schema),
-                        ):
-                            sss = peer_runs.structured_streaming(
-                                self.settings, topic, self.workdir, batch, schema
-                            )
-                            entry[key] = dataclasses.asdict(sss) | {"records_per_s": sss.records_per_s}
-                    entry["load_after"] = load_average()
-                    rounds.append(entry)
-                    say(f"avro {size} records, round {n + 1}: " + report.avro_summary(entry))
-            finally:
-                delete_topics(self.settings.kafka_bootstrap, topics)
+                systems = {
+                    "files": partial(self._files, data, self.settings),
+                    "files_avro": partial(self._files, avro.data, avro.settings, avro.fmt),
+                }
+                if size in peer_sizes:
+                    systems["spark_structured_streaming"] = partial(self._structured_streaming, data)
+                    systems["spark_structured_streaming_avro"] = partial(
+                        self._structured_streaming, avro.data, avro.fmt.reader_schema
+                    )
+                rounds = self._rounds(f"avro {size} records", systems, report.avro_summary)
             out[str(size)] = {
                 "json_value_bytes": RECORD_BYTES,
                 "avro_value_bytes": avro.value_bytes,
@@ -334,64 +318,128 @@ class Bench:
             }
         self.record("avro", out)
 
-    def nested(self, sizes: tuple[int, ...], peer_sizes: tuple[int, ...]) -> None:
+    # 4c.
+    def nested(self, sizes: tuple[int, ...], peer_sizes: tuple[int, ...], jvm_sizes: tuple[int, ...]) -> None:
         """Nested JSON beside flat JSON: per round, the files pipeline on the flat data set, on the nested
         one (orders with NESTED_ITEMS items, NESTED_RECORD_BYTES bytes; the items written as they
-        came) with each read path, then Structured Streaming on each (``from_json`` with the flat or the
-        nested ``StructType``) at ``peer_sizes``; ratios within each round."""
+        came) with the Python read path and, at ``jvm_sizes``, the JVM one, then Structured Streaming on
+        each (``from_json`` with the flat or the nested ``StructType``) at ``peer_sizes``; ratios within
+        each round."""
         from bench.dataset import NESTED_SCHEMA, nested_record
-        from bench.peers import runs as peer_runs
-        from bench.pipelines import NESTED_TRANSFORM
 
         fmt = JsonFormat(schema=NESTED_SCHEMA)
         jvm = dataclasses.replace(self.settings, json_read="jvm")
         out: dict[str, Any] = {}
         for size in sizes:
-            flat = produce(self.settings.kafka_bootstrap, size)
-            topics = [flat.topic]
-            rounds = []
-            try:
+            with self._topics() as topics:
+                flat = produce(self.settings.kafka_bootstrap, size)
+                topics.append(flat.topic)
                 nested = produce(
                     self.settings.kafka_bootstrap, size, prefix="bench-nested", value=nested_record
                 )
                 topics.append(nested.topic)
                 say(f"data sets: {size} records as flat JSON and as nested JSON in {nested.topic}")
-                for n in range(self.runs):
-                    entry: dict[str, Any] = {"load_before": load_average(), "runtime": self.runtime}
-                    entry["files"] = self._pipeline(
-                        "files", flat, self.settings, BATCH_PER_PARTITION
-                    ).to_dict()
-                    for key, settings in (("files_nested", self.settings), ("files_nested_jvm", jvm)):
-                        run = self._pipeline(
-                            "files",
-                            nested,
-                            settings,
-                            BATCH_PER_PARTITION,
-                            fmt=fmt,
-                            transform=NESTED_TRANSFORM,
-                        )
-                        entry[key] = run.to_dict()
-                    if size in peer_sizes:
-                        batch = BATCH_PER_PARTITION * PARTITIONS
-                        for key, data, is_nested in (
-                            ("spark_structured_streaming", flat, False),
-                            ("spark_structured_streaming_nested", nested, True),
-                        ):
-                            sss = peer_runs.structured_streaming(
-                                self.settings, data, self.workdir, batch, nested=is_nested
-                            )
-                            entry[key] = dataclasses.asdict(sss) | {"records_per_s": sss.records_per_s}
-                    entry["load_after"] = load_average()
-                    rounds.append(entry)
-                    say(f"nested {size} records, round {n + 1}: " + report.nested_summary(entry))
-            finally:
-                delete_topics(self.settings.kafka_bootstrap, topics)
+                systems = {
+                    "files": partial(self._files, flat, self.settings),
+                    "files_nested": partial(self._files, nested, self.settings, fmt, NESTED_TRANSFORM),
+                }
+                if size in jvm_sizes:
+                    systems["files_nested_jvm"] = partial(self._files, nested, jvm, fmt, NESTED_TRANSFORM)
+                if size in peer_sizes:
+                    systems["spark_structured_streaming"] = partial(self._structured_streaming, flat)
+                    systems["spark_structured_streaming_nested"] = partial(
+                        self._structured_streaming, nested, nested=True
+                    )
+                rounds = self._rounds(f"nested {size} records", systems, report.nested_summary)
             out[str(size)] = {
                 "json_value_bytes": RECORD_BYTES,
                 "nested_value_bytes": NESTED_RECORD_BYTES,
                 "rounds": rounds,
             }
         self.record("nested", out)
+
+    # 4d.
+    def nested_avro(self, sizes: tuple[int, ...], peer_sizes: tuple[int, ...]) -> None:
+        """The nested step's orders as Avro in the registry wire format: per round, the files pipeline
+        (writing the items as they came), then Structured Streaming with ``from_avro`` and the nested
+        schema at ``peer_sizes``; ratios within each round."""
+        from bench.avro_topic import produce_avro
+        from bench.dataset import NESTED_AVRO_SCHEMA, nested_fields
+
+        out: dict[str, Any] = {}
+        for size in sizes:
+            with self._topics() as topics:
+                avro = produce_avro(
+                    self.settings, size, self.workdir, NESTED_AVRO_SCHEMA, nested_fields, "bench-nestedavro"
+                )
+                topics.append(avro.data.topic)
+                say(
+                    f"data set: {size} nested records as Avro in {avro.data.topic} "
+                    f"({avro.data.produce_s:.1f}s, {avro.value_bytes:.1f} bytes a value, schema id "
+                    f"{avro.schema_id} in {avro.registry})"
+                )
+                systems = {
+                    "files_nested_avro": partial(
+                        self._files, avro.data, avro.settings, avro.fmt, NESTED_TRANSFORM
+                    )
+                }
+                if size in peer_sizes:
+                    systems["spark_structured_streaming_nested_avro"] = partial(
+                        self._structured_streaming, avro.data, avro.fmt.reader_schema, nested=True
+                    )
+                rounds = self._rounds(f"nested Avro {size} records", systems, report.nested_avro_summary)
+            out[str(size)] = {
+                "avro_value_bytes": avro.value_bytes,
+                "registry": avro.registry,
+                "rounds": rounds,
+            }
+        self.record("nested_avro", out)
+
+    @contextlib.contextmanager
+    def _topics(self) -> Iterator[list[str]]:
+        """A list for the topics a step creates, deleted when the step is done with them (or fails)."""
+        topics: list[str] = []
+        try:
+            yield topics
+        finally:
+            delete_topics(self.settings.kafka_bootstrap, topics)
+
+    def _rounds(
+        self,
+        label: str,
+        systems: dict[str, Callable[[], dict[str, Any]]],
+        summary: Callable[[dict[str, Any]], str],
+    ) -> list[dict[str, Any]]:
+        """``self.runs`` rounds of every system in turn, back to back, each under its key with the load
+        average before and after the round; ``summary`` makes a round's log line."""
+        rounds = []
+        for n in range(self.runs):
+            entry: dict[str, Any] = {"load_before": load_average(), "runtime": self.runtime}
+            for key, run in systems.items():
+                entry[key] = run()
+            entry["load_after"] = load_average()
+            rounds.append(entry)
+            say(f"{label}, round {n + 1}: " + summary(entry))
+        return rounds
+
+    def _files(
+        self, data: Dataset, settings: Settings, fmt: RecordFormat | None = None, transform: str | None = None
+    ) -> dict[str, Any]:
+        """One run of the files pipeline over ``data`` (see `_pipeline`), as a round stores it."""
+        return self._pipeline(
+            "files", data, settings, BATCH_PER_PARTITION, fmt=fmt, transform=transform
+        ).to_dict()
+
+    def _structured_streaming(
+        self, data: Dataset, avro_schema: str | None = None, *, nested: bool = False
+    ) -> dict[str, Any]:
+        """One run of Structured Streaming over ``data`` (see `peers.runs.structured_streaming`)."""
+        from bench.peers import runs as peer_runs
+
+        sss = peer_runs.structured_streaming(
+            self.settings, data, self.workdir, BATCH_PER_PARTITION * PARTITIONS, avro_schema, nested=nested
+        )
+        return dataclasses.asdict(sss) | {"records_per_s": sss.records_per_s}
 
     def limit_only(self, sizes: tuple[int, ...]) -> None:
         """The smoke run's stand-in for step 4: the read limit only, no Spark."""
@@ -520,6 +568,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peer-sizes", help="sizes at which Structured Streaming and quix-streams run (default: all)"
     )
+    parser.add_argument(
+        "--nested-jvm-sizes",
+        help="sizes at which the nested step also runs the JVM read path (default: all; 0 for none)",
+    )
     parser.add_argument("--commit-sizes", help="comma-separated epoch sizes for the commit benchmark")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (>= 3 for the report)")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for report.md/json/png")
@@ -527,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps",
         help="comma-separated subset of: startup,overhead,latency,follow,jobs,airflow,commit,"
-        "protocol,throughput,avro,memory,runtime_memory (default: all but runtime_memory)",
+        "protocol,throughput,avro,nested,nested_avro,memory,runtime_memory (default: all but "
+        "runtime_memory)",
     )
     parser.add_argument(
         "--runtime-pipelines", type=int, default=100, help="distinct pipelines of the runtime_memory step"
@@ -550,6 +603,9 @@ def main(argv: list[str] | None = None) -> int:
     commit_sizes = (*COMMIT_SIZES, 10_000_000) if args.full else COMMIT_SIZES
     pg_sizes = tuple(int(float(s)) for s in args.pg_sizes.split(",")) if args.pg_sizes else sizes
     peer_sizes = tuple(int(float(s)) for s in args.peer_sizes.split(",")) if args.peer_sizes else sizes
+    jvm_sizes = (
+        tuple(int(float(s)) for s in args.nested_jvm_sizes.split(",")) if args.nested_jvm_sizes else sizes
+    )
     if args.commit_sizes:
         commit_sizes = tuple(int(float(s)) for s in args.commit_sizes.split(","))
     if args.smoke:
@@ -591,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
         "protocol": lambda: bench.sink_protocol(protocol_sizes),
         "throughput": lambda: bench.throughput(sizes, pg_sizes, peer_sizes),
         "avro": lambda: bench.avro(sizes, peer_sizes),
-        "nested": lambda: bench.nested(sizes, peer_sizes),
+        "nested": lambda: bench.nested(sizes, peer_sizes, jvm_sizes),
+        "nested_avro": lambda: bench.nested_avro(sizes, peer_sizes),
         "memory": lambda: bench.memory(max(sizes)),
         "runtime_memory": lambda: bench.runtime_memory(args.runtime_pipelines, args.runtime_epochs),
     }

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipelines
-from bench.dataset import delete_topics, produce
-from bench.pipelines import SPEC_ENV, SPEC_PATH, bench_pipeline
+from bench.dataset import NESTED_SCHEMA, delete_topics, nested_record, produce, record
+from bench.pipelines import NESTED_TRANSFORM, SPEC_ENV, SPEC_PATH, bench_pipeline
+from onceflow.pipeline import JsonFormat
 
 
 def rest(ui: str, path: str) -> Any:
@@ -142,8 +143,9 @@ def default_ui() -> str:
     return f"http://{host}:{os.environ.get('ONCEFLOW_SPARK_UI_PORT') or 14040}"
 
 
-def measure(records: int, ui: str) -> dict[str, Any]:
-    """One epoch of ``records`` on the warm runtime and what it cost Spark: jobs, stages, tasks, shuffle."""
+def measure(records: int, ui: str, *, nested: bool = False) -> dict[str, Any]:
+    """One epoch of ``records`` on the warm runtime and what it cost Spark: jobs, stages, tasks, shuffle.
+    ``nested``: the nested step's orders and pipeline instead of the flat data set's."""
     from onceflow.config import Settings
     from onceflow.engine.connect import slice_tag
     from onceflow.engine.runner import run_epoch
@@ -153,9 +155,16 @@ def measure(records: int, ui: str) -> dict[str, Any]:
     settings = Settings.from_env({**os.environ, "ONCEFLOW_LEDGER_URL": f"sqlite:///{workdir / 'ledger.db'}"})
     with Ledger.connect(settings.ledger_url, check=False) as ledger:  # a ledger of its own
         ledger.upgrade()
-    dataset = produce(settings.kafka_bootstrap, records, prefix="bench-jobs")
+    value, fmt, transform = (
+        (nested_record, JsonFormat(schema=NESTED_SCHEMA), NESTED_TRANSFORM)
+        if nested
+        else (record, None, None)
+    )
+    dataset = produce(settings.kafka_bootstrap, records, prefix="bench-jobs", value=value)
     name = f"bench-jobs-{uuid.uuid4().hex[:8]}"
-    spec = bench_pipeline("files", name, dataset.topic, workdir, batch_per_partition=records)
+    spec = bench_pipeline(
+        "files", name, dataset.topic, workdir, batch_per_partition=records, fmt=fmt, transform=transform
+    )
     os.environ[SPEC_ENV] = spec.to_json()
     importlib.reload(pipelines)  # its SPEC is read from the environment at import
     try:
@@ -182,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--ui", default=default_ui(), help="the Connect server's web UI")
+    parser.add_argument("--nested", action="store_true", help="the nested step's orders and pipeline")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.records, args.ui)))
+    print(json.dumps(measure(args.records, args.ui, nested=args.nested)))
     return 0
 
 

@@ -63,7 +63,7 @@ def structured_streaming(
     """spark-submit the Structured Streaming job with the same master and settings as onceflow's slices.
 
     ``avro_schema`` (JSON text): the topic holds Avro in the registry wire format, read with ``from_avro``.
-    ``nested``: the topic holds the nested data set.
+    ``nested``: the topic holds the nested data set (as JSON, or as Avro with ``avro_schema``).
     """
     run_dir = workdir / f"sss-{uuid.uuid4().hex[:8]}"
     jars = [*spark_kafka_jars(), *(spark_avro_jars() if avro_schema else [])]
@@ -91,7 +91,7 @@ def structured_streaming(
         shutil.rmtree(run_dir, ignore_errors=True)
     if summary["rows"] != kept(data.records):
         raise PeerFailed(f"Structured Streaming wrote {summary['rows']} rows, expected {kept(data.records)}")
-    name = "spark_structured_streaming" + ("_avro" if avro_schema else "_nested" if nested else "")
+    name = "spark_structured_streaming" + ("_nested" if nested else "") + ("_avro" if avro_schema else "")
     return PeerRun(name, data.records, wall, summary["processing_s"], summary["rows"], memory)
 
 

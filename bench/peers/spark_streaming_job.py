@@ -3,8 +3,9 @@ projection with the Kafka source, ``trigger(availableNow=True)`` and ``foreachBa
 With ``--avro-schema``, the values are Avro in the schema registry wire format instead of JSON: the
 5-byte header (magic byte, schema id) is cut off and the body read by spark-avro's ``from_avro`` with that
 schema, which is how a Spark job reads such a topic without a registry client. With ``--nested``, the
-values are the nested data set's orders, read with ``from_json`` and a nested ``StructType``, and the
-items are written with the three columns.
+values are the nested data set's orders, read with ``from_json`` and a nested ``StructType`` (or, with
+``--avro-schema`` too, with ``from_avro`` and that nested schema), and the items are written with the
+three columns.
 
 Each micro-batch overwrites ``out/batch=<id>``: a replayed batch id rewrites the same folder, which is how
 foreachBatch output is made idempotent (Spark itself gives foreachBatch at-least-once). The checkpoint's
