@@ -128,7 +128,9 @@ def schema_registry(settings: Settings) -> HttpSchemaRegistry:
         pytest.fail(
             f"ONCEFLOW_SCHEMA_REGISTRY_URL is {url!r}: these tests need a registry server", pytrace=False
         )
-    registry = HttpSchemaRegistry(url, timeout_s=5)
+    registry = HttpSchemaRegistry(
+        url, timeout_s=5, allow_insecure_auth=settings.schema_registry_allow_insecure_auth
+    )
     try:
         registry.subjects()
         return registry

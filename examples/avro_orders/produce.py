@@ -61,7 +61,7 @@ def produce(settings: Settings, version: int, start: int, count: int, topic: str
     from confluent_kafka import Producer
     from fastavro import parse_schema
 
-    registry = registry_at(settings.schema_registry_url)
+    registry = registry_at(settings.schema_registry_url, settings.schema_registry_allow_insecure_auth)
     if registry is None:
         raise SystemExit(
             "set ONCEFLOW_SCHEMA_REGISTRY_URL (a registry server, or file://<this folder>/schemas)"

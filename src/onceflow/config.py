@@ -11,6 +11,7 @@ and `onceflow.errors` are read where they act).
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,9 @@ class Settings:
     # (ONCEFLOW_SCHEMA_REGISTRY_URL): http(s):// for a registry server, file:///folder for a folder of
     # schemas (`onceflow.decoding.schema_registry`), or None.
     schema_registry_url: str | None = None
+    # Whether the registry URL's credentials may go over plain http, in clear text
+    # (ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH=true); without it such a URL is refused.
+    schema_registry_allow_insecure_auth: bool = False
     # Which path reads JSON records in a Spark slice (ONCEFLOW_JSON_READ), see `JsonRead`.
     json_read: JsonRead = "python"
 
@@ -82,6 +86,10 @@ class Settings:
             executor=cast(Executor, env.get("ONCEFLOW_EXECUTOR", "").strip() or "spark"),
             pipelines=tuple(p.strip() for p in env.get("ONCEFLOW_PIPELINES", "").split(",") if p.strip()),
             schema_registry_url=env.get("ONCEFLOW_SCHEMA_REGISTRY_URL", "").strip() or None,
+            schema_registry_allow_insecure_auth=_flag(
+                env.get("ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH"),
+                "ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH",
+            ),
             json_read=cast(JsonRead, env.get("ONCEFLOW_JSON_READ", "").strip() or "python"),
         )
         settings.validate()
@@ -118,6 +126,16 @@ class Settings:
                 f"ONCEFLOW_SCHEMA_REGISTRY_URL={redact.url(self.schema_registry_url)!r}: expected http(s)://"
                 "host[:port][/path] of a schema registry, or file:///folder of schemas"
             )
+        if (
+            self.schema_registry_url is not None
+            and _credentials_over_http(self.schema_registry_url)
+            and not self.schema_registry_allow_insecure_auth
+        ):
+            raise ConfigError(
+                f"ONCEFLOW_SCHEMA_REGISTRY_URL={redact.url(self.schema_registry_url)!r}: its credentials "
+                "would travel in clear text over plain http: use https, or set "
+                "ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH=true"
+            )
         for path in self.pipelines:
             module, sep, attribute = path.partition(":")
             if not sep or not module or not attribute:
@@ -146,6 +164,11 @@ class Settings:
                 if self.schema_registry_url is None
                 else {"ONCEFLOW_SCHEMA_REGISTRY_URL": self.schema_registry_url}
             ),
+            **(
+                {"ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH": "true"}
+                if self.schema_registry_allow_insecure_auth
+                else {}
+            ),
         }
 
 
@@ -173,6 +196,22 @@ def _seconds(value: str | None, name: str, default: float) -> float:
     if seconds <= 0:
         raise ConfigError(f"{name}={value!r}: expected a positive number of seconds")
     return seconds
+
+
+def _credentials_over_http(url: str) -> bool:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme == "http" and parts.username is not None
+
+
+def _flag(value: str | None, name: str) -> bool:
+    """A yes/no variable: unset, empty, ``false`` (``0``, ``no``, ``off``) or ``true`` (``1``, ``yes``,
+    ``on``)."""
+    shown = (value or "").strip().lower()
+    if shown in ("", "false", "0", "no", "off"):
+        return False
+    if shown in ("true", "1", "yes", "on"):
+        return True
+    raise ConfigError(f"{name}={value!r}: expected true or false")
 
 
 def _whole(value: str | None, name: str, default: int) -> int:

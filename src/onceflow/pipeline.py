@@ -66,6 +66,9 @@ SPEC_VERSION = 1
 
 # Names end up in Kafka transactional ids, PostgreSQL gids and Airflow dag ids, which all accept this.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# A pipeline's name is shorter still: every DAG of it carries the tag ``onceflow:<name>``, by which the
+# epochs console finds it, and Airflow refuses a tag over 100 characters.
+PIPELINE_NAME_CHARS = 100 - len("onceflow:")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_.]*$")
@@ -516,8 +519,17 @@ class Pipeline:
     on_rerun: OnRerun = "skip"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise _fail("name", self.name, "expected [A-Za-z0-9][A-Za-z0-9_.-]*, at most 100 characters")
+        if (
+            not isinstance(self.name, str)
+            or not _NAME.match(self.name)
+            or len(self.name) > PIPELINE_NAME_CHARS
+        ):
+            raise _fail(
+                "name",
+                self.name,
+                f"expected [A-Za-z0-9][A-Za-z0-9_.-]*, at most {PIPELINE_NAME_CHARS} characters (the Airflow "
+                "tag onceflow:<name> is at most 100)",
+            )
         if not isinstance(self.source, KafkaSource):
             raise _fail("source", self.source, "expected a KafkaSource")
         if not isinstance(self.format, JsonFormat | AvroFormat | RawFormat):

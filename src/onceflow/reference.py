@@ -20,9 +20,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from onceflow.decoding.records import DEAD_LETTER_CODES, row_columns, spark_schema
+from onceflow.decoding.records import DEAD_LETTER_CODES, REASON_CHARS, row_columns, spark_schema
 from onceflow.errors import ConfigError
-from onceflow.pipeline import FIELD_TYPES, METADATA_COLUMNS, JsonFormat, Pipeline
+from onceflow.pipeline import FIELD_TYPES, METADATA_COLUMNS, PIPELINE_NAME_CHARS, JsonFormat, Pipeline
 from onceflow.sinks.registry import SinkKind, SinkSetting, known_kinds, sink_kind
 
 # The file that holds the tables, relative to the checkout (where the command is run).
@@ -75,7 +75,9 @@ def _postgres_type(spark: str) -> str:
 
 # What each argument of `Pipeline` means; an argument missing here fails the rendering.
 _PIPELINE_ARGS = {
-    "name": "the pipeline's name: DAG id `onceflow_<name>`, ledger key, part of transaction ids",
+    "name": f"the pipeline's name (`[A-Za-z0-9][A-Za-z0-9_.-]*`, at most {PIPELINE_NAME_CHARS} characters, "
+    "so that the DAG tag `onceflow:<name>` fits Airflow's 100): DAG id `onceflow_<name>`, ledger key, part "
+    "of transaction ids",
     "source": '`KafkaSource(topics=(…), starting="earliest"|"latest"|ms, on_missing_offsets="fail"|"skip")`',
     "format": "`JsonFormat(schema={field: type}, key_field=None, changes=None)` (`changes=Debezium(key=(…), "
     'decimals="precise"|"string")`: the records are Debezium change events whose rows have the schema, '
@@ -194,7 +196,8 @@ def schema_reference() -> str:
             '`attrs["colour"]`. Every row also '
             f"has the metadata columns {meta}, which sinks may name among their columns.",
             "",
-            f"A dead letter's reason is `code: detail`, with one of the codes {codes}.",
+            f"A dead letter's reason is `code: detail`, with one of the codes {codes}; a reason longer "
+            f"than {REASON_CHARS} characters is cut there, its end marked `…`.",
         ]
     )
 

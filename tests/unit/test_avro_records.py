@@ -330,7 +330,7 @@ def test_an_unreachable_registry_aborts_instead_of_dead_lettering(tmp_path: Path
         port = probe.getsockname()[1]
     url = f"http://reader:s3cret@127.0.0.1:{port}"
     fmt = AvroFormat(schema_file=avsc(tmp_path, ORDER_V2))
-    decoder = RowDecoder(fmt, 1_000_000, HttpSchemaRegistry(url, timeout_s=2))
+    decoder = RowDecoder(fmt, 1_000_000, HttpSchemaRegistry(url, timeout_s=2, allow_insecure_auth=True))
     with pytest.raises(RegistryUnavailable) as raised:
         decoder.decode(record(framed(2, {"id": 1, "price": 2.0, "note": "n", "coupon": None})))
     message = str(raised.value)
@@ -505,3 +505,18 @@ def test_a_folder_lists_a_subjects_versions_oldest_first(registry: FolderSchemaR
     assert json.loads(versions[1].schema) == ORDER_V2
     with pytest.raises(SchemaNotFound):
         registry.versions("nobody")
+
+
+def test_a_long_avro_reason_is_cut_to_about_200_characters_keeping_its_code(tmp_path: Path) -> None:
+    """Avro names have no length limit: a null in a field of a 3,000-character name, deep in a record."""
+    name = "f" * 3000
+    inner = {"type": "record", "name": "Inner", "fields": [{"name": name, "type": "long"}]}
+    reader = {"type": "record", "name": "R", "fields": [{"name": "outer", "type": inner}]}
+    nullable = {"type": "record", "name": "Inner", "fields": [{"name": name, "type": ["null", "long"]}]}
+    writer = {"type": "record", "name": "R", "fields": [{"name": "outer", "type": nullable}]}
+    fmt = AvroFormat(
+        schema_file=avsc(tmp_path, reader), wire="plain", writer_schema_file=avsc(tmp_path, writer, "w.avsc")
+    )
+    text = reason(decode(fmt, None, body(writer, {"outer": {name: None}})))
+    assert len(text) <= 200
+    assert text.startswith("null_field: field 'outer.ffff") and text.endswith("f…")

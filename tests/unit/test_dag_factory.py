@@ -43,3 +43,35 @@ def test_trigger_rules_and_params(dag) -> None:  # type: ignore[no-untyped-def]
     assert set(dag.params) == {"max_records_per_partition", "preview", "interval"}
     assert dag.params["preview"] is False
     assert dag.params["interval"] == "auto"
+
+
+LONGEST = None  # the module:attribute below, set by the test
+
+
+def test_a_name_whose_pipeline_tag_airflow_would_refuse_is_refused_by_the_spec(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Airflow caps a tag at 100 characters, and each DAG carries ``onceflow:<name>``: the console finds a
+    pipeline's DAGs by that whole tag, so a name that does not fit is the spec's error, not the DAG's."""
+    import dataclasses
+
+    from airflow.sdk.definitions.dag import TAG_MAX_LEN
+
+    from onceflow.errors import ConfigError
+    from onceflow.pipeline import load_pipeline
+
+    sys.path.insert(0, str(ROOT / "plugins"))
+    from onceflow_airflow.dag_factory import PIPELINE_TAG, build_dag
+
+    assert len(PIPELINE_TAG) + 91 == TAG_MAX_LEN
+    orders = load_pipeline("examples.orders.pipeline:ORDERS")
+    longest = "n" * 91
+    monkeypatch.setitem(globals(), "LONGEST", dataclasses.replace(orders, name=longest))
+    dag = build_dag(f"{__name__}:LONGEST")
+    assert f"{PIPELINE_TAG}{longest}" in dag.tags
+    with pytest.raises(ConfigError) as raised:
+        dataclasses.replace(orders, name=longest + "n")
+    assert str(raised.value) == (
+        f"name={longest + 'n'!r}: expected [A-Za-z0-9][A-Za-z0-9_.-]*, at most 91 characters (the "
+        "Airflow tag onceflow:<name> is at most 100)"
+    )

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.decoding.debezium import Change, ChangeRejected, change_row, read_json_change, unscaled_decimal
-from onceflow.decoding.records import DeadLetter, KafkaRecord, RowDecoder, row_columns
+from onceflow.decoding.debezium import Change, ChangeRejected, read_json_change, unscaled_decimal
+from onceflow.decoding.records import DeadLetter, KafkaRecord, RowDecoder, change_row, row_columns
 from onceflow.errors import ConfigError
 from onceflow.pipeline import Debezium, JsonFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.protocol.planning import check_changes

@@ -215,3 +215,20 @@ def test_the_decoders_fast_path_agrees_on_arbitrary_text(text: str) -> None:
     except ValueError as exc:
         got = ("error", str(exc))
     assert got == expected
+
+
+@pytest.mark.parametrize("digits", [4000, 5000])
+def test_a_long_reason_is_cut_to_about_200_characters_keeping_its_code(digits: int) -> None:
+    value = b'{"id": ' + b"9" * digits + b', "name": "a", "score": 1, "ok": true}'
+    letter = decode_record(rec(value), FMT, 100_000)
+    assert isinstance(letter, DeadLetter)
+    assert len(letter.reason) <= 200
+    assert letter.code in ("wrong_type", "malformed_json")
+    if digits == 4000:
+        assert letter.reason.startswith("wrong_type: field 'id': expected int, found 999")
+        assert letter.reason.endswith("9…")
+    assert letter.value == value[:DEAD_LETTER_PREFIX_BYTES] and letter.value_size == len(value)
+    short = decode_record(rec(good(id="x")), FMT, 1000)
+    assert (
+        isinstance(short, DeadLetter) and short.reason == "wrong_type: field 'id': expected int, found string"
+    )

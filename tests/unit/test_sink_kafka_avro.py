@@ -108,3 +108,23 @@ def test_avro_values_need_a_registry_and_a_registered_subject(tmp_path: Path, fo
     with pytest.raises(ConfigError, match="subject: only used with value_format 'avro'"):
         KafkaSinkConfig.from_mapping({**config(tmp_path, folder), "value_format": "json", "subject": "x"})
     assert KafkaSinkConfig.from_mapping(config(tmp_path, folder)).value_subject == "orders-out-value"
+
+
+def test_registry_credentials_over_plain_http_need_the_deployments_consent(tmp_path: Path) -> None:
+    from onceflow.config import Settings
+    from onceflow.sinks.registry import sink_kind
+
+    url = "http://writer:s3cret@127.0.0.1:9/api"
+    writer = KafkaWriter(config(tmp_path, tmp_path, subject="s", schema_registry_url=url))
+    writer.begin(TaskContext("p", 1, 0, "s0-t0", "a1", "out", (OffsetRange("in", 0, 0, 1),)))
+    with pytest.raises(ConfigError) as raised:
+        writer.write([{"id": 1}])
+    assert "ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH=true" in str(raised.value)
+    assert "s3cret" not in str(raised.value)
+    env = {"ONCEFLOW_SCHEMA_REGISTRY_URL": url, "ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH": "true"}
+    defaults = sink_kind("kafka").defaults(Settings.from_env(env))
+    assert defaults["schema_registry_allow_insecure_auth"] is True
+    assert KafkaSinkConfig.from_mapping(
+        {**config(tmp_path, tmp_path), **defaults}
+    ).schema_registry_allow_insecure_auth
+    assert "schema_registry_allow_insecure_auth" not in sink_kind("kafka").defaults(Settings.from_env({}))

@@ -34,28 +34,29 @@ _Fixer = Callable[[str, Any], Any]
 # Parsed writer schemas by (registry's cache key, id), for this process: ids are immutable in a registry.
 _WRITERS: dict[tuple[str, int], Any] = {}
 # One registry client per URL and process, so every task of a Python worker shares one.
-_REGISTRIES: dict[str, SchemaRegistry] = {}
+_REGISTRIES: dict[tuple[str, bool], SchemaRegistry] = {}
 
 
-def registry_for(url: str | None) -> SchemaRegistry | None:
+def registry_for(url: str | None, allow_insecure_auth: bool = False) -> SchemaRegistry | None:
     """This process's client of the registry at ``url`` (see `schema_registry.registry_at`)."""
     if url is None:
         return None
-    if url not in _REGISTRIES:
-        made = registry_at(url)
+    key = (url, allow_insecure_auth)
+    if key not in _REGISTRIES:
+        made = registry_at(url, allow_insecure_auth)
         assert made is not None  # a URL always names a registry
-        _REGISTRIES[url] = made
-    return _REGISTRIES[url]
+        _REGISTRIES[key] = made
+    return _REGISTRIES[key]
 
 
-def pinned(spec: Pipeline, registry_url: str | None) -> Pipeline:
+def pinned(spec: Pipeline, registry_url: str | None, allow_insecure_auth: bool = False) -> Pipeline:
     """``spec`` with its Avro subject's latest schema as the reader schema, for one slice: every task of
     the slice then reads with the same schema, whatever the subject gets meanwhile. Other specs as given.
     """
     fmt = spec.format
     if not isinstance(fmt, AvroFormat) or fmt.pinned:
         return spec
-    registry = registry_for(registry_url)
+    registry = registry_for(registry_url, allow_insecure_auth)
     if registry is None:
         raise ConfigError(
             f"format.subject={fmt.subject!r} needs a schema registry: set ONCEFLOW_SCHEMA_REGISTRY_URL"
@@ -99,6 +100,7 @@ class AvroDecoder:
         self.reader = parse_schema(reader_json)
         plain_writer = fmt.writer_schema or fmt.reader_schema or "{}"
         self.plain_writer = parse_schema(json.loads(plain_writer))
+        self._plain_refused = _refused_writer(json.loads(plain_writer), "of the format")
         self.plain_is_reader = fmt.writer_schema is None or fmt.writer_schema == fmt.reader_schema
         if fmt.wire == "registry" and registry is None:
             raise ConfigError(
@@ -111,6 +113,8 @@ class AvroDecoder:
     def values(self, value: bytes) -> list[Any]:
         """The reader schema's field values of one record value; `AvroReject` when it has none."""
         if self.fmt.wire == "plain":
+            if self._plain_refused is not None:
+                raise AvroReject(*self._plain_refused)
             return self._read(
                 value, self.plain_writer, None if self.plain_is_reader else self.reader, "of the format"
             )
@@ -143,11 +147,16 @@ class AvroDecoder:
         from fastavro import parse_schema
 
         try:
-            parsed = parse_schema(json.loads(text))
+            written = json.loads(text)
+            parsed = parse_schema(written)
         except Exception as exc:  # a registry may hold a schema fastavro cannot use
             detail = f"writer schema id {schema_id} is not a usable Avro schema ({_short(exc)})"
             self._rejected[schema_id] = ("incompatible_schema", detail)
             raise AvroReject(*self._rejected[schema_id]) from exc
+        refused = _refused_writer(written, f"id {schema_id}")
+        if refused is not None:
+            self._rejected[schema_id] = refused
+            raise AvroReject(*refused)
         self._writers[schema_id] = parsed
         if self.cache_key is not None:
             _WRITERS[(self.cache_key, schema_id)] = parsed
@@ -215,6 +224,85 @@ class AvroDecoder:
             "incompatible_schema",
             f"writer schema {which} does not resolve to the reader schema{at} ({_short(exc)})",
         )
+
+
+def _refused_writer(schema: Any, which: str) -> tuple[str, str] | None:
+    """Why no body of the writer ``schema`` is read, if one is: it has an array of items that take no
+    bytes, whose count only the body's block counts give, unbounded by its length (fastavro allocates or
+    loops over 2^60 items of a few bytes). Other collections are bounded: every item, or map key, takes a
+    byte, so a count past the body ends at its end."""
+    try:
+        found = _endless_array(schema)
+    except RecursionError:
+        return ("incompatible_schema", f"writer schema {which} is nested too deeply to check: not read")
+    if found is None:
+        return None
+    path, shown = found
+    return (
+        "incompatible_schema",
+        f"writer schema {which}: the array at field {path!r} holds items of no width ({shown}), which a "
+        "few bytes can make endless: not read",
+    )
+
+
+def _endless_array(schema: Any) -> tuple[str, str] | None:
+    """The path and item type of the first array in ``schema`` (Avro JSON) whose items take no bytes: a
+    null, a fixed of size 0, a record of no fields or of such fields only."""
+    named: dict[str, Any] = {}
+
+    def define(t: dict[str, Any]) -> None:
+        name = t.get("name")
+        if isinstance(name, str):
+            named[name] = named[name.rpartition(".")[2]] = t
+            namespace = t.get("namespace")
+            if isinstance(namespace, str) and namespace:
+                named[f"{namespace}.{name}"] = t
+
+    def empty(t: Any, seen: tuple[int, ...]) -> bool:
+        if isinstance(t, str):
+            return t == "null" or (t in named and empty(named[t], seen))
+        if not isinstance(t, dict) or id(t) in seen:  # a union takes its branch's index; recursion: no
+            return False
+        kind = t.get("type")
+        if kind in ("record", "error", "fixed", "enum"):
+            define(t)
+        if kind == "fixed":
+            return t.get("size") == 0
+        if kind in ("record", "error"):
+            fields = t.get("fields") or []
+            return all(isinstance(f, dict) and empty(f.get("type"), (*seen, id(t))) for f in fields)
+        return kind == "null" or (isinstance(kind, dict | list) and empty(kind, seen))
+
+    def shown(t: Any) -> str:
+        if isinstance(t, str) and t in named:
+            t = named[t]
+        if isinstance(t, dict) and isinstance(t.get("type"), str) and "name" in t:
+            return f"{t['type']} {t['name']}"
+        return "null"
+
+    def walk(t: Any, path: str) -> tuple[str, str] | None:
+        if isinstance(t, list):
+            return next((found for branch in t if (found := walk(branch, path))), None)
+        if not isinstance(t, dict):
+            return None
+        kind = t.get("type")
+        if kind in ("record", "error", "fixed", "enum"):
+            define(t)
+        if kind in ("record", "error"):
+            for f in t.get("fields") or []:
+                if isinstance(f, dict) and isinstance(f.get("name"), str):
+                    inner = f["name"] if not path else field_path(path, f["name"])
+                    if found := walk(f.get("type"), inner):
+                        return found
+            return None
+        if kind == "array":
+            items = t.get("items")
+            return (path, shown(items)) if empty(items, ()) else walk(items, f"{path}[]")
+        if kind == "map":
+            return walk(t.get("values"), f"{path}[]")
+        return walk(kind, path) if isinstance(kind, dict | list) else None
+
+    return walk(schema, "")
 
 
 def _null_at(path: str, value: Any, t: SchemaType) -> str | None:

@@ -23,7 +23,8 @@ types (`onceflow.decoding.records`), with Connect's encodings of some types undo
 
 A record that is not such an event is refused with its reason: ``malformed_change`` (no ``op``, an
 unknown one, no ``after`` where the op needs it), ``missing_key`` (a delete or tombstone whose key is
-not there). Nothing here imports Spark, the ledger or the coordinator.
+not there). The row itself is read by `onceflow.decoding.records.change_row`. Nothing here imports
+Spark, the ledger or the coordinator.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
-
-from onceflow.schemas.types import DecimalType, SchemaType
 
 OPS: Mapping[str, str] = {"c": "insert", "u": "update", "r": "snapshot", "d": "delete", "t": "truncate"}
 # The ops whose row is the ``after`` image (an upsert of the key).
@@ -172,56 +171,3 @@ def unscaled_decimal(text: str, scale: int) -> Decimal:
     except (binascii.Error, ValueError) as exc:
         raise ChangeRejected("malformed_change", f"decimal {text[:40]!r} is not base64") from exc
     return Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
-
-
-def change_row(
-    change: Change,
-    fields: tuple[tuple[str, SchemaType], ...],
-    key_fields: tuple[str, ...] = (),
-    decimals: DecimalHandling = "precise",
-) -> dict[str, Any]:
-    """The row ``change`` writes, read by the declared ``fields`` (name, type), with its op as ``_op``.
-
-    An upsert's row is its ``after`` image; a delete's holds the key (from its ``before`` image, else
-    from the record key) and nulls; a truncate's is all nulls. The key is ``key_fields`` or else the
-    record key's fields; a change without a value for each of them is refused (``missing_key``).
-    """
-    from onceflow.decoding.records import Rejected, read_value
-
-    keys = key_fields or tuple(change.key or ())
-    row: dict[str, Any] = dict.fromkeys((name for name, _ in fields), None)
-    try:
-        if change.op == "t":
-            row["_op"] = "t"
-            return row
-        if not keys:
-            raise ChangeRejected(
-                "missing_key", f"a {OPS[change.op]} without a record key, and no key fields are named"
-            )
-        if change.upsert:
-            image = change.image or {}
-            for name, t in fields:
-                row[name] = read_value(name, _declared_decimal(image.get(name), t, decimals), t)
-        else:
-            images = [i for i in (change.image, change.key) if i is not None]
-            for name, t in fields:
-                if name in keys:
-                    found = next((i[name] for i in images if i.get(name) is not None), None)
-                    row[name] = (
-                        None if found is None else read_value(name, _declared_decimal(found, t, decimals), t)
-                    )
-    except Rejected as exc:
-        raise ChangeRejected(*exc.reason.split(": ", 1)) from exc
-    missing = [name for name in keys if row.get(name) is None]
-    if missing:
-        raise ChangeRejected("missing_key", f"a {OPS[change.op]} without a value for key field(s) {missing}")
-    row["_op"] = change.op
-    return row
-
-
-def _declared_decimal(value: Any, t: SchemaType, decimals: DecimalHandling) -> Any:
-    """Without a schema in the event, a ``decimal(p,s)`` field's text is base64 of the unscaled value
-    when Debezium's ``decimal.handling.mode`` is ``precise``."""
-    if decimals == "precise" and isinstance(value, str) and isinstance(t, DecimalType):
-        return unscaled_decimal(value, t.scale)
-    return value

@@ -19,7 +19,14 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 
 from onceflow.decoding.avro_records import AvroDecoder, AvroReject
-from onceflow.decoding.debezium import ChangeRejected, DecimalHandling, change_row, read_json_change
+from onceflow.decoding.debezium import (
+    OPS,
+    Change,
+    ChangeRejected,
+    DecimalHandling,
+    read_json_change,
+    unscaled_decimal,
+)
 from onceflow.decoding.schema_registry import SchemaRegistry
 from onceflow.decoding.typed_json import handles, typed_decoder
 from onceflow.pipeline import OP_COLUMN, AvroFormat, Debezium, JsonFormat, RecordFormat
@@ -109,14 +116,15 @@ class DeadLetter:
         reason: str,
         keep_bytes: int,
     ) -> DeadLetter:
-        """The letter of a record, keeping at most ``keep_bytes`` of its key and of its value."""
+        """The letter of a record, keeping at most ``keep_bytes`` of its key and of its value, and
+        `REASON_CHARS` of its reason."""
         return cls(
             topic,
             partition,
             offset,
             None if key is None else key[:keep_bytes],
             None if value is None else value[:keep_bytes],
-            reason,
+            capped_reason(reason),
             None if key is None else len(key),
             None if value is None else len(value),
         )
@@ -182,6 +190,14 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # record is still accounted for (the record itself stays in Kafka at its offset).
 DEAD_LETTER_PREFIX_BYTES = 1024
 DEAD_LETTERS_WITH_PAYLOAD = 1000
+# The most characters of a dead letter's reason: a reason quotes the value or the field it is about (a
+# 4,000-digit integer, an Avro name of any length), which the kept bytes already hold.
+REASON_CHARS = 200
+
+
+def capped_reason(reason: str) -> str:
+    """``reason`` cut to `REASON_CHARS`, its ``code:`` prefix kept and the cut marked with an ellipsis."""
+    return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
 
 
 class _Reject(Exception):
@@ -192,14 +208,9 @@ class _Reject(Exception):
         self.reason = f"{code}: {detail}"
 
 
-# The public name of the exception that carries a value's dead-letter reason (``reason``).
-Rejected = _Reject
-
-
-def read_value(path: str, value: Any, t: SchemaType) -> Any:
-    """One parsed JSON value as a row holds a ``t`` (null where ``t`` allows it); `Rejected`, naming
-    ``path``, where it does not fit. What other readers of JSON documents (change events) share with
-    this module's own decoding."""
+def _read_value(path: str, value: Any, t: SchemaType) -> Any:
+    """One parsed JSON value as a row holds a ``t`` (null where ``t`` allows it); `_Reject`, naming
+    ``path``, where it does not fit (a change event's image is read by it)."""
     return value if _as_it_stands(value, t) else _value_at(path, value, t)
 
 
@@ -817,3 +828,54 @@ def decimal_parts(type_name: str) -> tuple[int, int]:
     """(precision, scale) of a row type ``decimal(p,s)``."""
     precision, _, scale = type_name.removeprefix("decimal(").removesuffix(")").partition(",")
     return int(precision), int(scale)
+
+
+def change_row(
+    change: Change,
+    fields: tuple[tuple[str, SchemaType], ...],
+    key_fields: tuple[str, ...] = (),
+    decimals: DecimalHandling = "precise",
+) -> dict[str, Any]:
+    """The row ``change`` writes, read by the declared ``fields`` (name, type), with its op as ``_op``.
+
+    An upsert's row is its ``after`` image; a delete's holds the key (from its ``before`` image, else
+    from the record key) and nulls; a truncate's is all nulls. The key is ``key_fields`` or else the
+    record key's fields; a change without a value for each of them is refused (``missing_key``).
+    """
+    keys = key_fields or tuple(change.key or ())
+    row: dict[str, Any] = dict.fromkeys((name for name, _ in fields), None)
+    try:
+        if change.op == "t":
+            row["_op"] = "t"
+            return row
+        if not keys:
+            raise ChangeRejected(
+                "missing_key", f"a {OPS[change.op]} without a record key, and no key fields are named"
+            )
+        if change.upsert:
+            image = change.image or {}
+            for name, t in fields:
+                row[name] = _read_value(name, _declared_decimal(image.get(name), t, decimals), t)
+        else:
+            images = [i for i in (change.image, change.key) if i is not None]
+            for name, t in fields:
+                if name in keys:
+                    found = next((i[name] for i in images if i.get(name) is not None), None)
+                    row[name] = (
+                        None if found is None else _read_value(name, _declared_decimal(found, t, decimals), t)
+                    )
+    except _Reject as exc:
+        raise ChangeRejected(*exc.reason.split(": ", 1)) from exc
+    missing = [name for name in keys if row.get(name) is None]
+    if missing:
+        raise ChangeRejected("missing_key", f"a {OPS[change.op]} without a value for key field(s) {missing}")
+    row["_op"] = change.op
+    return row
+
+
+def _declared_decimal(value: Any, t: SchemaType, decimals: DecimalHandling) -> Any:
+    """Without a schema in the event, a ``decimal(p,s)`` field's text is base64 of the unscaled value
+    when Debezium's ``decimal.handling.mode`` is ``precise``."""
+    if decimals == "precise" and isinstance(value, str) and isinstance(t, DecimalType):
+        return unscaled_decimal(value, t.scale)
+    return value

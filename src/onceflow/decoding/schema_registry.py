@@ -10,9 +10,15 @@ fault, so it aborts the epoch, which is replayed once the registry is back.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.client
 import io
 import json
+import socket
 import struct
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,6 +37,11 @@ _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 # The common API's codes for an unknown subject, version and schema: the only 404s that mean "no such
 # schema"; any other 404 is a wrong URL, which must not turn good records into dead letters.
 _NOT_FOUND_CODES = (40401, 40402, 40403)
+# The most of an answer read: a schema is kilobytes, so more is a broken or hostile server.
+MAX_ANSWER_BYTES = 1 << 20
+# How long one call may take in all (connect, headers, body): the timeout is per socket operation, so a
+# server trickling bytes would otherwise hold a call, and the slice with it, for ever.
+DEADLINE_S = 30.0
 
 
 def wire_value(schema_id: int, schema: Any, record: Mapping[str, Any]) -> bytes:
@@ -81,14 +92,28 @@ class HttpSchemaRegistry:
     """A registry reached over HTTP with the common REST API (stdlib only: it runs in Spark tasks too).
 
     ``url`` is the API's base, e.g. ``http://127.0.0.1:8081`` or ``http://host/apis/ccompat/v7``;
-    credentials in it are sent as basic auth and never appear in a message.
+    credentials in it are sent as basic auth and never appear in a message, and only over https unless
+    ``allow_insecure_auth``. A hostile or broken server cannot redirect the credentials elsewhere (no
+    redirect is followed), fill the memory (an answer is at most `MAX_ANSWER_BYTES`) or hold a call
+    (each ends within ``deadline_s``, ``timeout_s`` being each socket operation's).
     """
 
-    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 10.0,
+        deadline_s: float = DEADLINE_S,
+        allow_insecure_auth: bool = False,
+    ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(
                 f"schema registry URL {redact.url(url)!r}: expected http(s)://host[:port][/path]"
+            )
+        if insecure_auth(url) and not allow_insecure_auth:
+            raise ConfigError(
+                f"schema registry {redact.url(url)}: credentials over plain http would travel in clear "
+                "text: use https, or set ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH=true"
             )
         self.url = url
         self.cache_key = url  # what a process caches this registry's schemas under
@@ -104,6 +129,7 @@ class HttpSchemaRegistry:
             token = base64.b64encode(f"{user}:{password}".encode()).decode()
             self._headers["Authorization"] = f"Basic {token}"
         self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
 
     def schema_by_id(self, schema_id: int) -> str:
         answer = self._call("GET", f"/schemas/ids/{int(schema_id)}", f"schema id {schema_id}")
@@ -159,10 +185,22 @@ class HttpSchemaRegistry:
         data = None if body is None else json.dumps(body).encode()
         headers = dict(self._headers, **({} if data is None else {"Content-Type": _CONTENT_TYPE}))
         request = urllib.request.Request(self._base + path, data=data, headers=headers, method=method)
+        deadline = _Deadline(self.deadline_s)
+        opener = urllib.request.build_opener(
+            _NoRedirect, _DeadlineHttpHandler(deadline), _DeadlineHttpsHandler(deadline)
+        )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
+            with opener.open(request, timeout=min(self.timeout_s, self.deadline_s)) as response:
+                return json.loads(_bounded_read(response, deadline.at))
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                target = _without_credentials(
+                    urllib.parse.urljoin(request.full_url, exc.headers["Location"] or "")
+                )
+                raise RegistryUnavailable(
+                    f"schema registry {self.shown} redirected {what} to {target}: onceflow follows no "
+                    "redirects, name the registry's own URL"
+                ) from exc
             body = _error_body(exc)
             if exc.code == 404 and body.get("error_code") in _NOT_FOUND_CODES:
                 raise SchemaNotFound(f"schema registry {self.shown} has no {what}") from exc
@@ -177,11 +215,136 @@ class HttpSchemaRegistry:
             raise RegistryUnavailable(
                 f"schema registry {self.shown} answered HTTP {exc.code} for {what}: {message}"
             ) from exc
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except _TooLarge as exc:
+            raise RegistryUnavailable(
+                f"schema registry {self.shown} answered more than {MAX_ANSWER_BYTES >> 20} MiB for {what}"
+            ) from exc
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+            if time.monotonic() >= deadline.at:
+                raise RegistryUnavailable(
+                    f"schema registry {self.shown} did not answer {what} within {self.deadline_s:g} s"
+                ) from exc
             reason = getattr(exc, "reason", exc)
             raise RegistryUnavailable(
                 f"schema registry {self.shown} is unreachable for {what}: {redact.text(one_line(reason))}"
             ) from exc
+        finally:
+            deadline.cancel()
+
+
+class _TooLarge(Exception):
+    """An answer past `MAX_ANSWER_BYTES`."""
+
+
+class _Expired(OSError):
+    """A call past its deadline."""
+
+
+def _bounded_read(response: Any, deadline: float) -> bytes:
+    """The answer's body, at most `MAX_ANSWER_BYTES`, read before ``deadline`` (`read1` returns what one
+    socket read brings, so the deadline is checked however slowly the bytes come)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := response.read1(65536):
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise _TooLarge()
+        if time.monotonic() >= deadline:
+            raise _Expired()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: the 3xx stays an `HTTPError`, so credentials never go to another URL."""
+
+    def redirect_request(self, *args: Any) -> None:
+        return None
+
+
+class _Deadline:
+    """One call's deadline: at it, the sockets of the call's connections are shut down, which ends a read
+    blocked in connecting, in the headers or in the body, however the server trickles them."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+        self._timers: list[threading.Timer] = []
+
+    def watch(self, connection: _DeadlineConnection) -> None:
+        timer = threading.Timer(max(0.0, self.at - time.monotonic()), connection.expire)
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def cancel(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+
+
+class _DeadlineConnection:
+    """Mixed into an HTTP(S) connection, whose socket a `_Deadline` shuts down (urllib drops the
+    connection's own reference once the headers are read, the body's reader keeps the socket)."""
+
+    sock: socket.socket | None
+
+    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+        self._kept: socket.socket | None = None
+
+    def connect(self) -> None:
+        self._deadline.watch(self)
+        super().connect()  # type: ignore[misc]
+        self._kept = self.sock
+
+    def expire(self) -> None:
+        for sock in (self.sock, self._kept):
+            if sock is not None:
+                with contextlib.suppress(OSError):  # already closed
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+class _HttpConnection(_DeadlineConnection, http.client.HTTPConnection):
+    pass
+
+
+class _HttpsConnection(_DeadlineConnection, http.client.HTTPSConnection):
+    pass
+
+
+class _DeadlineHttpHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(_HttpConnection, deadline=self.deadline), req)
+
+
+class _DeadlineHttpsHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        connection = functools.partial(_HttpsConnection, deadline=self.deadline)
+        return self.do_open(connection, req, context=self._context)  # type: ignore[attr-defined]
+
+
+def insecure_auth(url: str) -> bool:
+    """Whether ``url`` would send credentials over plain http."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme == "http" and parts.username is not None
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` without its user, password, query and fragment: what a message may show of it."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    except ValueError:
+        netloc = parts.hostname or ""
+    return one_line(urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")))[:200]
 
 
 class FolderSchemaRegistry:
@@ -250,14 +413,16 @@ class FolderSchemaRegistry:
             ) from exc
 
 
-def registry_at(url: str | None) -> SchemaRegistry | None:
+def registry_at(url: str | None, allow_insecure_auth: bool = False) -> SchemaRegistry | None:
     """The registry a deployment names (`onceflow.config.Settings.schema_registry_url`): ``http(s)://``
-    for a registry server, ``file:///folder`` for a folder of schemas; None when none is named."""
+    for a registry server, ``file:///folder`` for a folder of schemas; None when none is named.
+    ``allow_insecure_auth``: credentials may go over plain http
+    (`onceflow.config.Settings.schema_registry_allow_insecure_auth`)."""
     if url is None:
         return None
     if url.startswith("file://"):
         return FolderSchemaRegistry(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
-    return HttpSchemaRegistry(url)
+    return HttpSchemaRegistry(url, allow_insecure_auth=allow_insecure_auth)
 
 
 def _schema_text(answer: Any, shown: str) -> str:
@@ -272,7 +437,7 @@ def _schema_text(answer: Any, shown: str) -> str:
 def _error_body(exc: urllib.error.HTTPError) -> dict[str, Any]:
     """The JSON error of a registry's answer (``{"error_code": …, "message": …}``), or {}."""
     try:
-        body = json.loads(exc.read())
-    except (ValueError, OSError, AttributeError):
+        body = json.loads(exc.read(MAX_ANSWER_BYTES + 1))
+    except (ValueError, OSError, AttributeError, http.client.HTTPException):
         return {}
     return body if isinstance(body, dict) else {}

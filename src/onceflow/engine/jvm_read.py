@@ -195,9 +195,10 @@ def _rejected_udf(ref: SliceRef, schema: Any) -> Any:
     fmt, limit = ref.pipeline.format, ref.pipeline.max_record_bytes
     out = arrow_schema(schema)
     registry_url = ref.settings.schema_registry_url
+    insecure = ref.settings.schema_registry_allow_insecure_auth
 
     def decode(raw: Any) -> Any:
-        return decode_rejected_column(raw, fmt, limit, out, registry_url)
+        return decode_rejected_column(raw, fmt, limit, out, registry_url, insecure)
 
     make: Any = pandas_functions.arrow_udf  # a struct result: the stubs know only atomic ones
     with warnings.catch_warnings():  # the type is given, not inferred from hints: that is on purpose

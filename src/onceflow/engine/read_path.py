@@ -71,7 +71,11 @@ def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Decode
     elif isinstance(fmt, JsonFormat) and (kept := jvm_decodable(fmt)) is not None:
         reason = f"the schema has a field of type {kept}, which the JVM checks do not decode"
     elif isinstance(fmt, AvroFormat):
-        registry = registry_for(ref.settings.schema_registry_url) if fmt.wire == "registry" else None
+        registry = (
+            registry_for(ref.settings.schema_registry_url, ref.settings.schema_registry_allow_insecure_auth)
+            if fmt.wire == "registry"
+            else None
+        )
         topics = sorted({r.topic for r in ref.slice_ranges})
         plans, notes = writer_plans(fmt, registry, topics)
         if not plans:

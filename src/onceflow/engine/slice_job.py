@@ -97,7 +97,9 @@ def open_slice(
     plan = slices_of(spec, epoch.ranges)[slice_number]
     log(f"{epoch}: slice {slice_number} has {len(plan.tasks)} read tasks over {len(plan.ranges)} partitions")
     ref = SliceRef(
-        pipeline=pinned(spec, settings.schema_registry_url),  # an Avro subject's schema, fixed for the slice
+        pipeline=pinned(
+            spec, settings.schema_registry_url, settings.schema_registry_allow_insecure_auth
+        ),  # an Avro subject's schema, fixed for the slice
         epoch=epoch_number,
         slice=slice_number,
         slice_ranges=plan.ranges,

@@ -34,7 +34,11 @@ def task_decoder(ref: SliceRef) -> RowDecoder:
     """The decoder of one task of the slice; an Avro format gets this process's client of the
     deployment's schema registry."""
     spec = ref.pipeline
-    registry = registry_for(ref.settings.schema_registry_url) if isinstance(spec.format, AvroFormat) else None
+    registry = (
+        registry_for(ref.settings.schema_registry_url, ref.settings.schema_registry_allow_insecure_auth)
+        if isinstance(spec.format, AvroFormat)
+        else None
+    )
     return RowDecoder(spec.format, spec.max_record_bytes, registry)
 
 

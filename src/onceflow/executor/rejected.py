@@ -42,12 +42,18 @@ def kafka_record(row: dict[str, Any]) -> KafkaRecord:
 
 
 def decode_rejected_column(
-    raw: Any, fmt: RecordFormat, max_record_bytes: int, schema: Any, registry_url: str | None = None
+    raw: Any,
+    fmt: RecordFormat,
+    max_record_bytes: int,
+    schema: Any,
+    registry_url: str | None = None,
+    allow_insecure_auth: bool = False,
 ) -> Any:
     """A struct column of `RAW_COLUMNS` in (Arrow; null where the JVM decoded the record itself), a
     struct column of ``schema`` (rows plus the dead-letter column) out: the decoded row or dead letter at
     each non-null input's position, null elsewhere, so the records stay in their order. ``registry_url``
-    is the deployment's schema registry, for Avro formats."""
+    is the deployment's schema registry, for Avro formats (its credentials over plain http only with
+    ``allow_insecure_auth``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -56,7 +62,7 @@ def decode_rejected_column(
     fields = list(schema)
     if raw.null_count == len(raw):
         return pa.nulls(len(raw), type=pa.struct(fields))
-    registry = registry_for(registry_url) if isinstance(fmt, AvroFormat) else None
+    registry = registry_for(registry_url, allow_insecure_auth) if isinstance(fmt, AvroFormat) else None
     decoder = RowDecoder(fmt, max_record_bytes, registry)
     width = len(decoder.columns)
     valid = raw.is_valid()

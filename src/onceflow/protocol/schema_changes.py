@@ -59,7 +59,7 @@ def check_reader_schema(spec: Pipeline, ledger: Ledger, settings: Settings) -> R
     if isinstance(spec.format, AvroFormat) and not spec.format.pinned:
         from onceflow.decoding.avro_records import pinned
 
-        current = pinned(spec, settings.schema_registry_url)
+        current = pinned(spec, settings.schema_registry_url, settings.schema_registry_allow_insecure_auth)
     new = reader_row_type(current)
     text = render(new)
     old = ledger.reader_schema(spec.name)

@@ -23,7 +23,14 @@ from onceflow.sinks.errors import RowError
 class AvroValues:
     """Encodes rows as {key, value} records of one subject's latest schema."""
 
-    def __init__(self, registry_url: str | None, subject: str, key_column: str | None, where: str) -> None:
+    def __init__(
+        self,
+        registry_url: str | None,
+        subject: str,
+        key_column: str | None,
+        where: str,
+        allow_insecure_auth: bool = False,
+    ) -> None:
         if registry_url is None:
             raise ConfigError(
                 f"{where}: value_format 'avro' needs a schema registry: set schema_registry_url "
@@ -35,6 +42,7 @@ class AvroValues:
             key_column,
             where,
         )
+        self.allow_insecure_auth = allow_insecure_auth
         self._schema: tuple[int, Any] | None = None
 
     def _latest(self) -> tuple[int, Any]:
@@ -45,7 +53,7 @@ class AvroValues:
 
             from onceflow.decoding.avro_records import registry_for
 
-            registry = registry_for(self.registry_url)
+            registry = registry_for(self.registry_url, self.allow_insecure_auth)
             assert registry is not None
             try:
                 latest = registry.latest(self.subject)  # RegistryUnavailable fails the task

@@ -83,6 +83,7 @@ class KafkaSinkConfig:
     key_column: str | None = None
     subject: str | None = None
     schema_registry_url: str | None = None
+    schema_registry_allow_insecure_auth: bool = False
     name: str | None = None
 
     @classmethod
@@ -102,6 +103,7 @@ class KafkaSinkConfig:
             key_column=reader.optional_string("key_column"),
             subject=reader.optional_string("subject"),
             schema_registry_url=reader.optional_string("schema_registry_url"),
+            schema_registry_allow_insecure_auth=reader.boolean("schema_registry_allow_insecure_auth", False),
             name=reader.optional_string("name"),
         )
         reader.finish()
@@ -245,6 +247,7 @@ class KafkaWriter(StagedFileWriter):
                 self.config.value_subject,
                 self.config.key_column,
                 f"{KIND} sink topic {self.config.topic}",
+                self.config.schema_registry_allow_insecure_auth,
             )
             if self.config.value_format == "avro"
             else None
@@ -520,6 +523,11 @@ SINK_KIND = SinkKind(
             if settings.schema_registry_url is None
             else {"schema_registry_url": settings.schema_registry_url}
         ),
+        **(
+            {"schema_registry_allow_insecure_auth": True}
+            if settings.schema_registry_allow_insecure_auth
+            else {}
+        ),
     },
     settings=(
         SinkSetting("topic", "string", "the output topic (create it first)", required=True),
@@ -599,6 +607,13 @@ SINK_KIND = SinkKind(
             "string",
             "with `value_format: avro`, the schema registry (`http(s)://…` or `file:///folder`)",
             default_from="`ONCEFLOW_SCHEMA_REGISTRY_URL`",
+        ),
+        SinkSetting(
+            "schema_registry_allow_insecure_auth",
+            "boolean",
+            "whether the registry URL's credentials may go over plain http, in clear text (else refused); "
+            "`ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH=true` sets it for every Kafka sink",
+            default=False,
         ),
     ),
 )
