@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeAlias, cast
 
 from onceflow.errors import ConfigError, one_line
-from onceflow.schemas.avro import avro_columns, parse_schema_text
+from onceflow.schemas.avro import avro_columns, envelope_row_schema, parse_schema_text
 from onceflow.schemas.types import INTERNAL, Primitive, Sugar, from_sugar, render, walk
 from onceflow.schemas.types import nullable as nullable  # next to JsonFormat, for its sugar
 
@@ -202,6 +202,16 @@ class Debezium:
         if self.decimals not in DECIMAL_HANDLINGS:
             raise _fail("format.changes.decimals", self.decimals, f"expected one of {DECIMAL_HANDLINGS}")
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"envelope": "debezium", "key": list(self.key), "decimals": self.decimals}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Debezium:
+        _check_keys("format.changes", data, required={"envelope"}, optional={"key", "decimals"})
+        if data["envelope"] != "debezium":
+            raise _fail("format.changes.envelope", data["envelope"], "expected 'debezium'")
+        return cls(key=tuple(data.get("key") or ()), decimals=data.get("decimals", "precise"))
+
 
 @dataclass(frozen=True)
 class JsonFormat:
@@ -299,6 +309,8 @@ class AvroFormat:
     # The schemas' JSON text: loaded from the files, or pinned from the subject; this is what travels.
     reader_schema: str | None = None
     writer_schema: str | None = None
+    # Debezium change events: the reader schema is their envelope, the rows are its before/after record.
+    changes: Debezium | None = None
 
     def __post_init__(self) -> None:
         if self.wire not in AVRO_WIRES:
@@ -320,7 +332,9 @@ class AvroFormat:
         names: list[str] = []
         if self.reader_schema is not None:
             object.__setattr__(
-                self, "reader_schema", _avro_schema("format.reader_schema", self.reader_schema)
+                self,
+                "reader_schema",
+                _avro_schema("format.reader_schema", self.reader_schema, self.changes is not None),
             )
             names = [name for name, _, _ in self.columns()]
             reserved = sorted(set(names) & set(METADATA_COLUMNS))
@@ -335,6 +349,16 @@ class AvroFormat:
                 raise _fail("format.key_field", self.key_field, "expected a non-empty column name")
             if self.key_field in names or self.key_field in METADATA_COLUMNS:
                 raise _fail("format.key_field", self.key_field, "collides with a schema or metadata column")
+        if self.changes is not None:
+            if not isinstance(self.changes, Debezium):
+                raise _fail("format.changes", self.changes, "expected Debezium(...)")
+            if self.key_field is not None:
+                raise _fail("format.key_field", self.key_field, "not with changes: the key is the change's")
+            if self.changes.decimals != "precise":
+                raise _fail("format.changes.decimals", self.changes.decimals, "Avro carries exact decimals")
+            unknown = [k for k in self.changes.key if names and k not in names]
+            if unknown:
+                raise _fail("format.changes.key", unknown, "key fields must be fields of the change's rows")
 
     @property
     def pinned(self) -> bool:
@@ -348,7 +372,10 @@ class AvroFormat:
                 f"format.subject={self.subject!r}: the reader schema is not pinned yet (a slice's driver "
                 "pins the subject's latest schema from the schema registry)"
             )
-        return avro_columns("format.reader_schema", json.loads(self.reader_schema))
+        schema = json.loads(self.reader_schema)
+        if self.changes is not None:
+            schema = envelope_row_schema("format.reader_schema", schema)
+        return avro_columns("format.reader_schema", schema)
 
     def pin(self, reader_schema: str) -> AvroFormat:
         """This format reading with ``reader_schema`` (a subject's latest, fetched by the caller)."""
@@ -358,6 +385,7 @@ class AvroFormat:
             writer_schema=self.writer_schema,
             key_field=self.key_field,
             reader_schema=reader_schema,
+            changes=self.changes,
         )
 
 
@@ -369,10 +397,11 @@ def _read_text(where: str, path: str) -> str:
         raise _fail(where, path, f"cannot read it ({one_line(exc)})") from exc
 
 
-def _avro_schema(where: str, text: str) -> str:
-    """The schema as compact JSON, after checking that Avro accepts it and that rows can hold it."""
+def _avro_schema(where: str, text: str, changes: bool = False) -> str:
+    """The schema as compact JSON, after checking that Avro accepts it and that rows can hold it (a
+    change event envelope's rows, with ``changes``)."""
     schema = parse_schema_text(where, text)
-    avro_columns(where, schema)
+    avro_columns(where, envelope_row_schema(where, schema) if changes else schema)
     from fastavro import parse_schema  # imported where used: a JSON-only deployment need not load it
 
     try:
@@ -612,15 +641,11 @@ class Pipeline:
         fmt: dict[str, Any]
         if isinstance(self.format, JsonFormat):
             fmt = {"type": "json", "schema": dict(self.format.schema), "key_field": self.format.key_field}
-            if self.format.changes is not None:
-                changes = self.format.changes
-                fmt["changes"] = {
-                    "envelope": "debezium",
-                    "key": list(changes.key),
-                    "decimals": changes.decimals,
-                }
         elif isinstance(self.format, AvroFormat):
             fmt = {"type": "avro", **{name: getattr(self.format, name) for name in _AVRO_KEYS}}
+        if isinstance(self.format, JsonFormat | AvroFormat):
+            if self.format.changes is not None:
+                fmt["changes"] = self.format.changes.to_dict()
         else:
             fmt = {"type": "raw"}
         state = None
@@ -671,19 +696,15 @@ class Pipeline:
             "format", fmt_data, required={"type"}, optional={"schema", "key_field", "changes", *_AVRO_KEYS}
         )
         fmt: RecordFormat
+        changes = None if fmt_data.get("changes") is None else Debezium.from_dict(fmt_data["changes"])
         if fmt_data["type"] == "json":
-            changes = None
-            if fmt_data.get("changes") is not None:
-                c = fmt_data["changes"]
-                _check_keys("format.changes", c, required={"envelope"}, optional={"key", "decimals"})
-                if c["envelope"] != "debezium":
-                    raise _fail("format.changes.envelope", c["envelope"], "expected 'debezium'")
-                changes = Debezium(key=tuple(c.get("key") or ()), decimals=c.get("decimals", "precise"))
             fmt = JsonFormat(
                 schema=fmt_data.get("schema") or {}, key_field=fmt_data.get("key_field"), changes=changes
             )
         elif fmt_data["type"] == "avro":
-            fmt = AvroFormat(**{name: fmt_data[name] for name in _AVRO_KEYS if name in fmt_data})
+            fmt = AvroFormat(
+                **{name: fmt_data[name] for name in _AVRO_KEYS if name in fmt_data}, changes=changes
+            )
         elif fmt_data["type"] == "raw":
             fmt = RawFormat()
         else:

@@ -82,7 +82,7 @@ _PIPELINE_ARGS = {
     "format": "`JsonFormat(schema={field: type}, key_field=None, changes=None)` (`changes=Debezium(key=(…), "
     'decimals="precise"|"string")`: the records are Debezium change events whose rows have the schema, '
     "each row with its op in `_op`, see [change events](#change-events)), "
-    '`AvroFormat(schema_file=… or subject=…, wire="registry" or "plain", key_field=None)` '
+    '`AvroFormat(schema_file=… or subject=…, wire="registry" or "plain", key_field=None, changes=None)` '
     "(see [Avro](#avro)) or `RawFormat()` (columns `key`, `value`)",
     "sinks": "`SinkSpec(name, kind, {config})` for each output; the keys of each kind are below",
     "transform": "`module:function` taking and returning a Spark DataFrame (or `{sink: DataFrame}`); "

@@ -14,8 +14,9 @@ import pytest
 
 from onceflow.decoding.debezium import Change, ChangeRejected, read_json_change, unscaled_decimal
 from onceflow.decoding.records import DeadLetter, KafkaRecord, RowDecoder, change_row, row_columns
+from onceflow.decoding.schema_registry import FolderSchemaRegistry
 from onceflow.errors import ConfigError
-from onceflow.pipeline import Debezium, JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.pipeline import AvroFormat, Debezium, JsonFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.protocol.planning import check_changes
 from onceflow.schemas.types import parse_type
 
@@ -183,3 +184,61 @@ def test_the_change_option_travels_with_the_spec_and_is_checked() -> None:
         check_changes(replace(spec, sinks=(narrowing,)))
     keeping = SinkSpec("pg", "postgres_2pc", {"table": "t", "columns": {"id": "bigint", "_op": "text"}})
     check_changes(replace(spec, sinks=(keeping,)))
+
+
+AVRO = SAMPLES / "avro"
+
+
+def _avro_record(kind: str, offset: int) -> KafkaRecord:
+    key, value = AVRO / f"{kind}.key.bin", AVRO / f"{kind}.value.bin"
+    return KafkaRecord(
+        "t",
+        0,
+        offset,
+        None,
+        key.read_bytes() if key.exists() else None,
+        value.read_bytes() if value.exists() else None,
+    )
+
+
+@pytest.mark.parametrize("key", [("id",), ()])
+def test_debezium_avro_events_through_the_registry_become_the_same_rows(key: tuple[str, ...]) -> None:
+    """The envelope's latest schema (after a column was added) reads every event, old and new; the key
+    is named, or else the record key's (Avro of the key subject, read for tombstones and deletes)."""
+    fmt = AvroFormat(schema_file=str(AVRO / "schema-23.avsc"), changes=Debezium(key=key))
+    assert [c[0] for c in row_columns(fmt)][:7] == ["id", "name", "qty", "price", "updated_at", "note", "_op"]
+    decoder = RowDecoder(fmt, 1_000_000, FolderSchemaRegistry(str(AVRO)))
+    decoded = json.loads((AVRO / "decoded.json").read_text())
+    kinds = ["read", "create", "update", "delete", "tombstone", "create_after_add_column", "truncate"]
+    for offset, kind in enumerate(kinds):
+        row = decoder.decode_row(_avro_record(kind, offset))
+        assert isinstance(row, dict), (kind, row)
+        event = decoded[kind]
+        if event is None:  # the tombstone: a delete of the delete's key
+            assert (row["_op"], row["id"], row["name"]) == ("d", decoded["delete"]["before"]["id"], None)
+            continue
+        assert row["_op"] == event["op"]
+        if event["op"] in ("c", "u", "r"):
+            after = event["after"]
+            assert (row["id"], row["name"], row["qty"]) == (after["id"], after["name"], after["qty"])
+            assert row["price"] == Decimal(after["price"]["decimal"]) and row["note"] == after.get("note")
+        elif event["op"] == "d":
+            assert row["id"] == event["before"]["id"] and row["name"] is None and row["qty"] is None
+        else:
+            assert [v for k, v in row.items() if not k.startswith("_")] == [None] * 6
+    garbage = decoder.decode_row(KafkaRecord("t", 0, 9, None, None, b"\x00\x00\x00\x00\x17\x99"))
+    assert isinstance(garbage, DeadLetter) and garbage.reason.startswith("malformed_avro")
+
+
+def test_an_avro_change_format_needs_a_change_events_schema() -> None:
+    with pytest.raises(ConfigError, match="not a Debezium change event's schema"):
+        AvroFormat(schema_file=str(AVRO / "schema-21.avsc"), changes=Debezium())
+    with pytest.raises(ConfigError, match="key fields must be fields of the change's rows"):
+        AvroFormat(schema_file=str(AVRO / "schema-23.avsc"), changes=Debezium(key=("nope",)))
+    spec = Pipeline(
+        name="mirror",
+        source=KafkaSource(topics=("t",)),
+        format=AvroFormat(schema_file=str(AVRO / "schema-23.avsc"), changes=Debezium(key=("id",))),
+        sinks=(SinkSpec("log", "files", {"root": "/tmp/unused", "table": "t"}),),
+    )
+    assert Pipeline.from_json(spec.to_json()) == spec

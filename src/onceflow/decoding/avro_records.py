@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from onceflow.decoding.debezium import OPS, UPSERTS
 from onceflow.decoding.schema_registry import (
     MAGIC_BYTE,
     WIRE_HEADER,
@@ -25,7 +26,7 @@ from onceflow.decoding.schema_registry import (
 )
 from onceflow.errors import ConfigError
 from onceflow.pipeline import AvroFormat, Pipeline
-from onceflow.schemas.avro import avro_fields
+from onceflow.schemas.avro import avro_fields, envelope_row_schema
 from onceflow.schemas.types import Array, Map, SchemaType, Struct, field_path, key_path
 
 # Turns fastavro's value at a path into the row's (a uuid as its text), or refuses it with `AvroReject`.
@@ -90,13 +91,16 @@ class AvroDecoder:
         self._writers: dict[int, Any] = {}
         fmt.columns()  # a format not pinned yet fails here, by name
         reader_json = json.loads(fmt.reader_schema or "{}")
-        self.types: dict[str, SchemaType] = dict(avro_fields("format.reader_schema", reader_json))
+        # Change events: the reader schema is their envelope, a row is its before or after record.
+        self.changes = fmt.changes
+        row_json = envelope_row_schema("format.reader_schema", reader_json) if self.changes else reader_json
+        self.types: dict[str, SchemaType] = dict(avro_fields("format.reader_schema", row_json))
         self.names = list(self.types)
         self.required = {name for name, t in self.types.items() if not t.nullable}
         # What fastavro's values need before they are the row's, at any depth: a uuid's text, and a
         # decimal's check (fastavro rounds a decimal with more digits than its precision instead of
         # failing: such a value is caught here, or it would fail the whole task at the sink).
-        self.fixers = [_fixer(field["type"]) for field in reader_json["fields"]]
+        self.fixers = [_fixer(field["type"]) for field in row_json["fields"]]
         self.reader = parse_schema(reader_json)
         plain_writer = fmt.writer_schema or fmt.reader_schema or "{}"
         self.plain_writer = parse_schema(json.loads(plain_writer))
@@ -112,6 +116,10 @@ class AvroDecoder:
 
     def values(self, value: bytes) -> list[Any]:
         """The reader schema's field values of one record value; `AvroReject` when it has none."""
+        return self._row(self._decoded(value))
+
+    def _decoded(self, value: bytes) -> dict[str, Any]:
+        """One record value as the reader schema's record."""
         if self.fmt.wire == "plain":
             if self._plain_refused is not None:
                 raise AvroReject(*self._plain_refused)
@@ -126,6 +134,61 @@ class AvroDecoder:
         _, schema_id = WIRE_HEADER.unpack_from(value)
         writer = self._writer(schema_id)
         return self._read(memoryview(value)[WIRE_HEADER.size :], writer, self.reader, f"id {schema_id}")
+
+    def change_values(self, key: bytes | None, value: bytes | None) -> list[Any]:
+        """A Debezium change event's row (`onceflow.decoding.debezium`): the row record's fields, then
+        the op. An upsert's row is its ``after``; a delete's (or a tombstone's) its key and nulls, the
+        key from ``before`` or else from the record key (Avro of the registry's key subject); a
+        truncate's all nulls."""
+        assert self.changes is not None
+        op: str = "d"
+        image: Any = None
+        if value is not None:
+            envelope = self._decoded(value)
+            found_op = envelope.get("op")
+            if not isinstance(found_op, str) or found_op not in OPS:
+                raise AvroReject("malformed_change", f"op {str(found_op)[:40]!r} is not one of {sorted(OPS)}")
+            op = found_op
+            image = envelope.get("after") if op in UPSERTS else envelope.get("before")
+            if op in UPSERTS and not isinstance(image, dict):
+                raise AvroReject("malformed_change", f"op {op!r} without an 'after' record")
+        if op == "t":
+            return [None] * len(self.names) + [op]
+        record_key = self._key_record(key) if not self.changes.key or image is None else None
+        keys = self.changes.key or tuple(record_key or ())
+        if not keys:
+            raise AvroReject("missing_key", f"a {OPS[op]} without a record key, and no key fields are named")
+        values: list[Any] = []
+        for name, fixer in zip(self.names, self.fixers, strict=True):
+            if op not in UPSERTS and name not in keys:
+                values.append(None)
+                continue
+            found = (image or {}).get(name)
+            if found is None and record_key is not None:
+                found = record_key.get(name)
+            if found is not None and fixer is not None:
+                found = fixer(name, found)
+            values.append(found)
+        missing = [name for name, v in zip(self.names, values, strict=True) if name in keys and v is None]
+        if missing:
+            raise AvroReject("missing_key", f"a {OPS[op]} without a value for key field(s) {missing}")
+        return [*values, op]
+
+    def _key_record(self, key: bytes | None) -> dict[str, Any] | None:
+        """The record key's fields, where it is Avro in the registry's wire format (Debezium's)."""
+        from fastavro import parse_schema, schemaless_reader
+
+        if key is None or self.registry is None or len(key) < WIRE_HEADER.size or key[0] != MAGIC_BYTE:
+            return None
+        _, schema_id = WIRE_HEADER.unpack_from(key)
+        try:
+            schema = parse_schema(json.loads(self.registry.schema_by_id(schema_id)))
+            record = schemaless_reader(io.BytesIO(key[WIRE_HEADER.size :]), schema, None)
+        except SchemaNotFound:
+            return None
+        except Exception as exc:  # the key does not decode with its own writer schema
+            raise AvroReject("malformed_change", f"the key does not decode ({_short(exc)})") from exc
+        return record if isinstance(record, dict) else None
 
     def _writer(self, schema_id: int) -> Any:
         parsed = self._writers.get(schema_id)
@@ -162,7 +225,7 @@ class AvroDecoder:
             _WRITERS[(self.cache_key, schema_id)] = parsed
         return parsed
 
-    def _read(self, body: bytes | memoryview, writer: Any, reader: Any, which: str) -> list[Any]:
+    def _read(self, body: bytes | memoryview, writer: Any, reader: Any, which: str) -> dict[str, Any]:
         from fastavro import schemaless_reader
         from fastavro.read import SchemaResolutionError
 
@@ -185,6 +248,10 @@ class AvroDecoder:
             raise AvroReject("malformed_avro", f"writer schema {which}: {left} bytes left after the record")
         if not isinstance(record, dict):
             raise AvroReject("incompatible_schema", f"writer schema {which} does not write a record")
+        return record
+
+    def _row(self, record: dict[str, Any]) -> list[Any]:
+        """The reader schema's field values of a decoded record, fixed as the row holds them."""
         values = []
         for name, fixer in zip(self.names, self.fixers, strict=True):
             field = record.get(name)

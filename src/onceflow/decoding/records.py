@@ -430,6 +430,8 @@ class RowDecoder:
         return values
 
     def _avro_values(self, avro: AvroDecoder, record: KafkaRecord) -> list[Any]:
+        if avro.changes is not None:
+            return avro.change_values(record.key, record.value)
         if record.value is None:
             raise _Reject("null_value", "record has no value (a tombstone?)")
         return self._with_key(avro.values(record.value), record)
@@ -768,7 +770,12 @@ def row_columns(fmt: RecordFormat) -> list[tuple[str, str, bool]]:
         if changes is not None:
             columns.append((OP_COLUMN, "string", False))
     elif isinstance(fmt, AvroFormat):
-        columns += fmt.columns()
+        if fmt.changes is not None:  # a delete's row holds its key and nulls
+            keys = fmt.changes.key
+            columns += [(name, text, nullable or name not in keys) for name, text, nullable in fmt.columns()]
+            columns.append((OP_COLUMN, "string", False))
+        else:
+            columns += fmt.columns()
         if fmt.key_field is not None:
             columns.append((fmt.key_field, "string", False))
     else:

@@ -62,7 +62,7 @@ def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Decode
     plans: list[WriterPlan] = []
     if plan_armed():  # crash and pause points sit in the Python reader
         reason = "a fault plan is armed"
-    elif isinstance(fmt, JsonFormat) and fmt.changes is not None:
+    elif isinstance(fmt, JsonFormat | AvroFormat) and fmt.changes is not None:
         reason = "change events are read in Python"
     elif isinstance(fmt, JsonFormat) and ref.settings.json_read == "python":
         reason = "ONCEFLOW_JSON_READ=python, the default"

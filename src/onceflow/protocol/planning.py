@@ -15,7 +15,7 @@ from onceflow.config import Settings
 from onceflow.errors import ConfigError
 from onceflow.ledger import Epoch, EpochStatus, Ledger
 from onceflow.offsets import OffsetRange
-from onceflow.pipeline import OP_COLUMN, STATE_SINK, JsonFormat, Pipeline, SinkSpec
+from onceflow.pipeline import OP_COLUMN, STATE_SINK, AvroFormat, JsonFormat, Pipeline, SinkSpec
 from onceflow.protocol.step_results import PlanResult, PlanStatus
 from onceflow.sinks.base import SinkCommitter
 from onceflow.sinks.registry import known_kinds, sink_kind
@@ -174,7 +174,7 @@ def check_changes(spec: Pipeline) -> None:
     their op would store a delete as a row of its key and nulls. A sink applies them by key
     (`postgres_changes`, whose rows keep the op) or keeps them as a log, with the op."""
     fmt = spec.format
-    if not isinstance(fmt, JsonFormat) or fmt.changes is None or spec.transform is not None:
+    if not isinstance(fmt, JsonFormat | AvroFormat) or fmt.changes is None or spec.transform is not None:
         return
     for sink in spec.sinks:
         columns = sink_kind(sink.kind).columns(sink.config)

@@ -191,3 +191,18 @@ def defaulted_fields(schema: Mapping[str, Any]) -> frozenset[str]:
 
     visit(schema, "", 0)
     return frozenset(found)
+
+
+def envelope_row_schema(where: str, envelope: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The row record of a Debezium change event's Avro schema: the record its ``before`` and ``after``
+    fields hold (``["null", record]``, written inline at the first of them, named at the second)."""
+    for field in envelope.get("fields", ()):
+        if isinstance(field, Mapping) and field.get("name") in ("before", "after"):
+            declared = field.get("type")
+            for branch in declared if isinstance(declared, list) else [declared]:
+                if isinstance(branch, Mapping) and branch.get("type") == "record":
+                    return branch
+    raise ConfigError(
+        f"{where}: not a Debezium change event's schema (no 'before' or 'after' record); a format with "
+        "changes reads the connector's value subject"
+    )

@@ -246,9 +246,9 @@ def _plan_checks(
     spec: Pipeline, configs: Sequence[Mapping[str, Any]], parallel_tasks: int, apply: bool = True
 ) -> None:
     """Only a change stream has ops to apply; then both tables get PostgreSQL's checks."""
-    from onceflow.pipeline import JsonFormat
+    from onceflow.pipeline import AvroFormat, JsonFormat
 
-    if not isinstance(spec.format, JsonFormat) or spec.format.changes is None:
+    if not isinstance(spec.format, JsonFormat | AvroFormat) or spec.format.changes is None:
         names = [str(c["name"]) for c in configs]
         raise ConfigError(
             f"sinks {names} ({KIND}) apply change events by key: give the format changes=Debezium(...), "
