@@ -241,3 +241,27 @@ def test_the_iceberg_sink_adds_new_fields_at_any_depth_keeping_ids_and_old_rows_
         writer.write([row])
         staged = writer.pre_commit()
         assert staged.record_count == 1
+
+
+def test_a_column_added_at_the_source_of_avro_change_events_is_taken(tmp_path: Path) -> None:
+    """Debezium's envelope gained a nullable `note` in the row record (schema 22 to 23): taken."""
+    from onceflow.pipeline import Debezium
+
+    avro = Path(__file__).resolve().parents[1] / "data" / "debezium" / "avro"
+    ledger = Ledger.connect(f"sqlite:///{tmp_path / 'ledger.db'}", check=False)
+    ledger.upgrade()
+
+    def spec(version: int) -> Pipeline:
+        fmt = AvroFormat(schema_file=str(avro / f"schema-{version}.avsc"), changes=Debezium(key=("id",)))
+        return Pipeline(
+            name="cdc",
+            source=KafkaSource(topics=("t",)),
+            format=fmt,
+            sinks=(SinkSpec("out", "files", {"root": "/tmp/unused", "table": "t"}),),
+        )
+
+    first = check_reader_schema(spec(22), ledger, Settings.from_env())
+    assert "_op:string" in first.text and "note" not in first.text
+    ledger.plan_epoch("cdc", [], [], reader_schema=first.text)
+    taken = check_reader_schema(spec(23), ledger, Settings.from_env())
+    assert taken.change is not None and taken.change.added == ["note"] and not taken.change.refused

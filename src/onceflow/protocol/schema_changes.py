@@ -16,7 +16,7 @@ from onceflow.config import Settings
 from onceflow.errors import ConfigError
 from onceflow.ledger import Ledger
 from onceflow.pipeline import METADATA_COLUMNS, AvroFormat, Pipeline
-from onceflow.schemas.avro import defaulted_fields
+from onceflow.schemas.avro import defaulted_fields, envelope_row_schema
 from onceflow.schemas.evolution import SchemaChange, compare
 from onceflow.schemas.types import Struct, parse_type, render, with_nullable
 
@@ -70,7 +70,10 @@ def check_reader_schema(spec: Pipeline, ledger: Ledger, settings: Settings) -> R
     defaulted: frozenset[str] = frozenset()
     fmt = current.format
     if isinstance(fmt, AvroFormat) and fmt.reader_schema is not None:
-        defaulted = defaulted_fields(json.loads(fmt.reader_schema))
+        schema = json.loads(fmt.reader_schema)
+        if fmt.changes is not None:  # change events: the fields are the envelope's row record's
+            schema = envelope_row_schema("format.reader_schema", schema)
+        defaulted = defaulted_fields(schema)
     change = compare(before, new, defaulted)
     if change.refused:
         raise ConfigError(
