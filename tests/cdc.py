@@ -18,6 +18,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -418,3 +420,27 @@ def require_connect(settings: Settings) -> str:
         )
     remove_leftovers(settings.pg_dsn)
     return os.environ["ONCEFLOW_CONNECT_URL"]
+
+
+@contextmanager
+def source_table(pg_dsn: str, prefix: str, second_price: str) -> Iterator[str]:
+    """A captured table ``(id, name, qty, price, updated_at)`` holding two rows (the second one's price
+    given), with full old rows in the updates' and deletes' ``before``; dropped afterwards."""
+    import psycopg
+
+    table = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {table} (id integer PRIMARY KEY, name text NOT NULL, qty integer, "
+            "price numeric(10, 2), updated_at timestamptz NOT NULL DEFAULT now())"
+        )
+        conn.execute(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+        conn.execute(
+            f"INSERT INTO {table} (id, name, qty, price) VALUES (1, 'ana', 3, 9.50), (2, 'ben', 1, %s)",
+            [second_price],
+        )
+    try:
+        yield table
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")

@@ -21,7 +21,6 @@ import datetime
 import decimal
 import json
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,9 @@ from tests.cdc import (
     ChangeReader,
     register_postgres_connector,
     require_connect,
+)
+from tests.cdc import (
+    source_table as cdc_source_table,
 )
 
 pytestmark = pytest.mark.integration
@@ -62,22 +64,8 @@ def connect(settings: Settings) -> str:
 
 @pytest.fixture
 def source_table(settings: Settings) -> Iterator[str]:
-    import psycopg
-
-    table = f"cdc_src_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE {table} (id integer PRIMARY KEY, name text NOT NULL, qty integer, "
-            "price numeric(10, 2), updated_at timestamptz NOT NULL DEFAULT now())"
-        )
-        # Full old rows in the updates' and deletes' "before", not the key alone.
-        conn.execute(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
-        conn.execute(
-            f"INSERT INTO {table} (id, name, qty, price) VALUES (1, 'ana', 3, 9.50), (2, 'ben', 1, 120.00)"
-        )
-    yield table
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {table}")
+    with cdc_source_table(settings.pg_dsn, "cdc_src", "120.00") as table:
+        yield table
 
 
 @pytest.fixture

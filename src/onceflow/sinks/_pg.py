@@ -98,6 +98,14 @@ class PgTableConfig:
     def column_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.columns)
 
+    def key_columns(self, reader: ConfigReader) -> tuple[str, ...]:
+        """The config's ``key_columns``, each one of this table's columns."""
+        keys = reader.string_list("key_columns")
+        unknown = [k for k in keys if k not in self.column_names]
+        if unknown:
+            raise ConfigError(f"{reader.kind} sink config key_columns: {unknown} are not among the columns")
+        return keys
+
 
 # The keys `PgTableConfig.read` takes, shared by every PostgreSQL sink kind's `SinkKind.settings`.
 PG_TABLE_SETTINGS: tuple[SinkSetting, ...] = (

@@ -65,10 +65,7 @@ class ChangesConfig:
     def from_mapping(cls, config: Mapping[str, Any]) -> ChangesConfig:
         reader = ConfigReader(KIND, config)
         target = PgTableConfig.read(reader)
-        keys = reader.string_list("key_columns")
-        unknown = [k for k in keys if k not in target.column_names]
-        if unknown:
-            raise ConfigError(f"{KIND} sink config key_columns: {unknown} are not among the columns")
+        keys = target.key_columns(reader)
         clash = [n for n, _ in (*CHANGE_COLUMNS, *SCOPE_COLUMNS) if n in target.column_names]
         if clash:
             raise ConfigError(f"{KIND} sink config columns: {clash} are the staged changes' own")

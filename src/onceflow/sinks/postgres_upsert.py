@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from onceflow.errors import ConfigError
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import (
     PG_TABLE_SETTINGS,
@@ -40,10 +39,7 @@ class UpsertConfig:
     def from_mapping(cls, config: Mapping[str, Any]) -> UpsertConfig:
         reader = ConfigReader(KIND, config)
         table = PgTableConfig.read(reader)
-        keys = reader.string_list("key_columns")
-        unknown = [k for k in keys if k not in table.column_names]
-        if unknown:
-            raise ConfigError(f"{KIND} sink config key_columns: {unknown} are not among the columns")
+        keys = table.key_columns(reader)
         reader.finish()
         return cls(table=table, key_columns=keys)
 

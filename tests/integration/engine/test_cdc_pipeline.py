@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sys
-import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -24,6 +23,7 @@ from onceflow.ledger import EpochStatus
 from onceflow.pipeline import AvroFormat, Debezium, JsonFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.sinks.files import read_committed_table
 from tests.cdc import ChangeReader, register_postgres_connector, require_connect
+from tests.cdc import source_table as cdc_source_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODULE = "tests.integration.engine.test_cdc_pipeline"
@@ -67,19 +67,8 @@ def __getattr__(name: str) -> Pipeline:
 
 @pytest.fixture
 def source_table(stack, settings) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    table = f"cdc_mirror_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE {table} (id integer PRIMARY KEY, name text NOT NULL, qty integer, "
-            "price numeric(10, 2), updated_at timestamptz NOT NULL DEFAULT now())"
-        )
-        conn.execute(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
-        conn.execute(
-            f"INSERT INTO {table} (id, name, qty, price) VALUES (1, 'ana', 3, 9.50), (2, 'ben', 1, -120)"
-        )
-    yield table
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {table}")
+    with cdc_source_table(settings.pg_dsn, "cdc_mirror", "-120") as table:
+        yield table
 
 
 def _table_rows(dsn: str, table: str) -> dict[int, dict[str, Any]]:
