@@ -190,10 +190,16 @@ class Debezium:
     its default, writes base64; ``string`` numeric text); with the wrapper the schema says. A delete's
     row holds its key and nulls; a tombstone is a delete of its key. Every field of such a row may be
     null, the key's aside.
+
+    ``transactions``: Debezium's transaction topic (``<topic.prefix>.transaction``, written with the
+    connector's ``provide.transaction.metadata=true``). Each epoch then ends between source
+    transactions, so a sink that applies an epoch at once never shows half of one
+    (`onceflow.protocol.transaction_cuts`).
     """
 
     key: tuple[str, ...] = ()
     decimals: str = "precise"
+    transactions: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.key, str) or not all(isinstance(k, str) and k for k in self.key):
@@ -201,16 +207,31 @@ class Debezium:
         object.__setattr__(self, "key", tuple(self.key))
         if self.decimals not in DECIMAL_HANDLINGS:
             raise _fail("format.changes.decimals", self.decimals, f"expected one of {DECIMAL_HANDLINGS}")
+        if self.transactions is not None and (
+            not isinstance(self.transactions, str) or not _TOPIC.match(self.transactions)
+        ):
+            raise _fail(
+                "format.changes.transactions", self.transactions, "expected the transaction topic's name"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"envelope": "debezium", "key": list(self.key), "decimals": self.decimals}
+        out: dict[str, Any] = {"envelope": "debezium", "key": list(self.key), "decimals": self.decimals}
+        if self.transactions is not None:
+            out["transactions"] = self.transactions
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Debezium:
-        _check_keys("format.changes", data, required={"envelope"}, optional={"key", "decimals"})
+        _check_keys(
+            "format.changes", data, required={"envelope"}, optional={"key", "decimals", "transactions"}
+        )
         if data["envelope"] != "debezium":
             raise _fail("format.changes.envelope", data["envelope"], "expected 'debezium'")
-        return cls(key=tuple(data.get("key") or ()), decimals=data.get("decimals", "precise"))
+        return cls(
+            key=tuple(data.get("key") or ()),
+            decimals=data.get("decimals", "precise"),
+            transactions=data.get("transactions"),
+        )
 
 
 @dataclass(frozen=True)

@@ -278,6 +278,7 @@ class Coordinator:
             lines = [
                 f"preview (dry run) of {spec.name!r}: the next epoch would read {epoch_plan.span} offsets "
                 f"in {len(epoch_plan.ranges)} partitions (nothing was written to the ledger)",
+                *epoch_plan.notes,
                 *describe_slices(epoch_plan, slices),
             ]
             for line in lines:
@@ -285,7 +286,11 @@ class Coordinator:
             return PlanResult("preview", spec.name, lines=tuple(lines))
         # 5.
         epoch = self._record(epoch_plan, slices, run_id, owner, data_interval, None, reader.text)
-        lines = [*reader.lines(spec.name), *planned_lines(epoch, epoch_plan, slices, owner, data_interval)]
+        lines = [
+            *reader.lines(spec.name),
+            *planned_lines(epoch, epoch_plan, slices, owner, data_interval),
+            *epoch_plan.notes,
+        ]
         for line in lines:
             self.log(line)
         return plan_result(spec, "planned", epoch, lines, epoch_plan.backlog)

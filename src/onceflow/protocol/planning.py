@@ -9,7 +9,10 @@ them and writes the plan to the ledger; the slice drivers use the same slices.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from onceflow.config import Settings
 from onceflow.errors import ConfigError
@@ -33,21 +36,82 @@ def next_ranges(
 ) -> EpochPlan:
     """The ranges the next epoch reads: from the committed positions to Kafka's stable offsets, bounded
     by the data interval's end and the per-partition limit."""
+    from onceflow.sources.errors import TopicNotFound
     from onceflow.sources.kafka_metadata import KafkaMetadata
 
     interval_end_ms = int(data_interval[1].timestamp() * 1000) if data_interval else None
+    limit = max_records_per_partition or spec.max_records_per_partition
+    transactions = transaction_topic(spec)
     with KafkaMetadata(settings.kafka_bootstrap) as metadata:
-        return metadata.plan(
-            spec.source,
+        if transactions is None:
+            return metadata.plan(
+                spec.source,
+                ledger.committed_offsets(spec.name),
+                max_records_per_partition=limit,
+                interval_end_ms=interval_end_ms,
+            )
+        try:
+            metadata.partitions((transactions,))
+            topics = (*spec.source.topics, transactions)
+        except TopicNotFound:  # Debezium creates it with the first transaction after its snapshot
+            topics = spec.source.topics
+        whole = metadata.plan(
+            replace(spec.source, topics=topics),
             ledger.committed_offsets(spec.name),
-            max_records_per_partition=max_records_per_partition or spec.max_records_per_partition,
+            max_records_per_partition=_UNLIMITED,
             interval_end_ms=interval_end_ms,
         )
+        # Read after the change topics' offsets: every change the plan reads has its BEGIN in here.
+        stable = None
+        if transactions in topics:
+            stable = max((p.stable for p in metadata.partitions((transactions,))), default=0)
+        return _cut(spec, settings, whole, transactions, stable, limit)
+
+
+_UNLIMITED = 2**62
+
+
+def transaction_topic(spec: Pipeline) -> str | None:
+    """Debezium's transaction topic when the spec asks for epochs cut between source transactions."""
+    changes = getattr(spec.format, "changes", None)
+    return changes.transactions if changes is not None else None
+
+
+def _cut(
+    spec: Pipeline, settings: Settings, whole: EpochPlan, topic: str, stable: int | None, limit: int
+) -> EpochPlan:
+    from onceflow.decoding.avro_records import registry_for
+    from onceflow.decoding.debezium_transactions import AvroDocuments, json_document
+    from onceflow.protocol.transaction_cuts import cut_at_transactions
+    from onceflow.sources.kafka_range import read_range
+
+    if isinstance(spec.format, AvroFormat):
+        registry = registry_for(settings.schema_registry_url, settings.schema_registry_allow_insecure_auth)
+        if registry is None:
+            raise ConfigError(
+                "an Avro change stream needs the schema registry: set ONCEFLOW_SCHEMA_REGISTRY_URL"
+            )
+        document: Callable[[bytes], Any] = AvroDocuments(registry)
+    else:
+        document = json_document
+    done = cut_at_transactions(
+        whole,
+        transaction_topic=topic,
+        transaction_until=stable,
+        read=lambda r: read_range(settings.kafka_bootstrap, r),
+        document=document,
+        limit=limit,
+    )
+    return replace(done.plan, notes=done.lines)
 
 
 def slices_of(spec: Pipeline, ranges: tuple[OffsetRange, ...]) -> tuple[SlicePlan, ...]:
-    """Slices and read tasks of an epoch; a pure function of its ranges, so every process agrees."""
-    return assign_slices(ranges, spec.slices, spec.max_records_per_task)
+    """Slices and read tasks of an epoch; a pure function of its ranges, so every process agrees. The
+    transaction topic of a change stream is one of the ranges (its position moves with the epoch's),
+    read by the plan only: no slice reads it."""
+    transactions = transaction_topic(spec)
+    read = ranges if transactions is None else tuple(r for r in ranges if r.topic != transactions)
+    return assign_slices(read, spec.slices, spec.max_records_per_task)
 
 
 def participant_sinks(spec: Pipeline, settings: Settings) -> tuple[SinkSpec, ...]:
@@ -174,7 +238,14 @@ def check_changes(spec: Pipeline) -> None:
     their op would store a delete as a row of its key and nulls. A sink applies them by key
     (`postgres_changes`, whose rows keep the op) or keeps them as a log, with the op."""
     fmt = spec.format
-    if not isinstance(fmt, JsonFormat | AvroFormat) or fmt.changes is None or spec.transform is not None:
+    if not isinstance(fmt, JsonFormat | AvroFormat) or fmt.changes is None:
+        return
+    if fmt.changes.transactions in spec.source.topics:
+        raise ConfigError(
+            f"topic {fmt.changes.transactions!r} is the change stream's transaction topic "
+            "(format.changes.transactions): the plan reads it, the source must not list it"
+        )
+    if spec.transform is not None:
         return
     for sink in spec.sinks:
         columns = sink_kind(sink.kind).columns(sink.config)

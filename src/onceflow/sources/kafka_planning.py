@@ -48,12 +48,14 @@ class EpochPlan:
     """An epoch's input: one range per partition (empty ones included, so that every position is kept).
 
     ``skipped`` lists offsets that retention deleted and the "skip" policy passed over; ``backlog`` counts
-    the offsets up to the epoch's target (LSO or interval end) left for later epochs by the maximum.
+    the offsets up to the epoch's target (LSO or interval end) left for later epochs by the maximum;
+    ``notes`` are lines for the plan's log about how the ranges were cut.
     """
 
     ranges: tuple[OffsetRange, ...]
     skipped: tuple[SkippedOffsets, ...] = ()
     backlog: int = 0
+    notes: tuple[str, ...] = ()
 
     @property
     def span(self) -> int:
