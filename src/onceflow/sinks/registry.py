@@ -6,7 +6,8 @@ onceflow asks of a kind: its writer and committer factories, the guarantee it gi
 it writes directly (nothing staged), whether it can replace an interval's earlier output, which columns
 it needs, its plan-time checks and the version of its committables. Adding a kind is adding one module.
 
-Only the module of a kind that is used gets imported, and sink modules import their client libraries
+A kind may also live in a subpackage beside the code it shares (`NESTED_KINDS`). Only the module of a
+kind that is used gets imported, and sink modules import their client libraries
 lazily, so a Spark executor that writes files never imports the Kafka or PostgreSQL clients.
 """
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 Guarantee = Literal["exactly_once", "at_least_once"]
 # Modules of this package that are not sink kinds.
 _NOT_KINDS = frozenset({"base", "errors", "registry", "staging"})
+# Kinds whose module is not ``onceflow.sinks.<kind>``: kind name -> module.
+NESTED_KINDS: Mapping[str, str] = {"iceberg_changes": "onceflow.sinks.iceberg.changes"}
 
 
 def _no_checks(
@@ -139,10 +142,20 @@ def known_kinds() -> list[str]:
     import onceflow.sinks as package
 
     return sorted(
-        m.name
-        for m in pkgutil.iter_modules(package.__path__)
-        if not m.name.startswith("_") and m.name not in _NOT_KINDS
+        [
+            *(
+                m.name
+                for m in pkgutil.iter_modules(package.__path__)
+                if not m.name.startswith("_") and m.name not in _NOT_KINDS
+            ),
+            *NESTED_KINDS,
+        ]
     )
+
+
+def kind_module(kind: str) -> str:
+    """The module that defines kind ``kind`` (its ``SINK_KIND``)."""
+    return NESTED_KINDS.get(kind, f"onceflow.sinks.{kind}")
 
 
 def sink_kind(kind: str) -> SinkKind:
@@ -158,9 +171,10 @@ def sink_kind(kind: str) -> SinkKind:
         return found
     if kind not in known_kinds():
         raise ConfigError(f"unknown sink kind {kind!r}; known kinds: {', '.join(known_kinds())}")
-    found = getattr(importlib.import_module(f"onceflow.sinks.{kind}"), "SINK_KIND", None)
+    module = kind_module(kind)
+    found = getattr(importlib.import_module(module), "SINK_KIND", None)
     if not isinstance(found, SinkKind) or found.name != kind:
-        raise ConfigError(f"module onceflow.sinks.{kind} defines no SINK_KIND named {kind!r}")
+        raise ConfigError(f"module {module} defines no SINK_KIND named {kind!r}")
     return found
 
 

@@ -90,6 +90,7 @@ class IcebergConfig:
     rows_per_file: int = 100_000
     commit_retries: int = 10
     name: str | None = None
+    kind: str = KIND  # the sink kind whose config this is, for messages
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> IcebergConfig:
@@ -113,12 +114,12 @@ class IcebergConfig:
 
     @property
     def where(self) -> str:
-        return f"{KIND} sink {self.name or '?'} table {self.table}"
+        return f"{self.kind} sink {self.name or '?'} table {self.table}"
 
     def open_catalog(self) -> Catalog:
         properties = dict(self.catalog_properties)
         if not properties:  # the kind's defaults fill them with the catalog under the deployment's home
-            raise deployment_default(KIND, "catalog_properties", "Settings.home (ONCEFLOW_HOME)")
+            raise deployment_default(self.kind, "catalog_properties", "Settings.home (ONCEFLOW_HOME)")
         try:
             return tables.catalog(self.catalog, properties)
         except Exception as exc:
