@@ -268,3 +268,22 @@ def test_the_committed_table_reads_as_one_where_task_files_differ(tmp_path: Path
         {"id": 1, "items": [], "o": None},
         {"id": 2, "items": [{"sku": "a", "qty": 2}], "o": {"x": Decimal("1.5")}},
     ]
+
+
+def test_times_of_one_table_read_as_one_whatever_zone_name_each_writer_gave_them(tmp_path: Path) -> None:
+    """The local executor's rows say UTC, a Spark batch Etc/UTC: the same instants, one committed table."""
+    config = {"root": str(tmp_path), "table": "t"}
+    at = dt.datetime(2026, 11, 28, 6, 0, tzinfo=dt.UTC)
+    spark_batch = pa.record_batch(
+        [pa.array([2]), pa.array([at], pa.timestamp("us", "Etc/UTC"))], names=["id", "updated_at"]
+    )
+    committables = []
+    for name, feed in (("s0-t0", [{"id": 1, "updated_at": at}]), ("s0-t1", spark_batch)):
+        writer = FilesWriter(config)
+        writer.begin(task(name))
+        writer.write_batch(feed) if isinstance(feed, pa.RecordBatch) else writer.write(feed)
+        committables.append(writer.pre_commit())
+    FilesCommitter(config).commit(committables)
+    table = read_committed_table(tmp_path, "t")
+    assert table.schema.field("updated_at").type == pa.timestamp("us", "UTC")
+    assert table.to_pylist() == [{"id": 1, "updated_at": at}, {"id": 2, "updated_at": at}]

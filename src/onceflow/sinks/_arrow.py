@@ -134,6 +134,12 @@ def _is_list(t: pa.DataType) -> bool:
     )
 
 
+# The names Arrow, Spark and Python give UTC.
+UTC_NAMES = frozenset(
+    {"UTC", "Etc/UTC", "Etc/UCT", "UCT", "Etc/Universal", "Universal", "Zulu", "Z", "+00:00"}
+)
+
+
 def _inferred_type(source: pa.DataType) -> pa.DataType | None:
     """What inference gives for the Python values of a ``source`` column, where a cast reaches it.
 
@@ -171,8 +177,8 @@ def _inferred_type(source: pa.DataType) -> pa.DataType | None:
         return pa.binary()
     if t.is_date64(source):
         return pa.date32()
-    if t.is_timestamp(source):
-        return pa.timestamp("us", source.tz)
+    if t.is_timestamp(source):  # UTC by any of its names is UTC (Spark says Etc/UTC, Python's rows UTC)
+        return pa.timestamp("us", "UTC" if source.tz in UTC_NAMES else source.tz)
     if t.is_time(source):
         return pa.time64("us")
     if t.is_duration(source):
@@ -317,3 +323,29 @@ def arrow_type(kind: SchemaType) -> pa.DataType:
     if isinstance(kind, Array):
         return pa.list_(arrow_type(kind.element))
     return pa.map_(pa.string(), arrow_type(kind.value))
+
+
+def utc_times(tables: list[pa.Table]) -> list[pa.Table]:
+    """``tables`` with each zoned timestamp column that they name in different zones named in UTC:
+    the same instants (Arrow keeps them in UTC), which Arrow will not concatenate as they are. Files
+    written before every writer said UTC one way hold ``Etc/UTC`` or ``UTC``."""
+    import pyarrow as pa
+
+    zones: dict[str, set[str]] = {}
+    for table in tables:
+        for f in table.schema:
+            if pa.types.is_timestamp(f.type) and f.type.tz:
+                zones.setdefault(f.name, set()).add(f.type.tz)
+    mixed = {name for name, names in zones.items() if len(names) > 1}
+    if not mixed:
+        return tables
+    out = []
+    for table in tables:
+        fields = [
+            f.with_type(pa.timestamp(f.type.unit, "UTC"))
+            if f.name in mixed and pa.types.is_timestamp(f.type)
+            else f
+            for f in table.schema
+        ]
+        out.append(table.cast(pa.schema(fields, metadata=table.schema.metadata)))
+    return out
