@@ -181,16 +181,18 @@ def register_postgres_connector(
     registry_url: str | None = None,
     transaction_metadata: bool = False,
     extra: dict[str, str] | None = None,
+    prefix: str = "cdc",
 ) -> CdcConnector:
     """Create a publication for ``tables`` (``schema.table``) and register a connector capturing them
-    from their current rows on (an initial snapshot, then the stream), with its own slot and topics."""
+    from their current rows on (an initial snapshot, then the stream), with its own slot and topics.
+    ``prefix`` starts the names; another than ``cdc`` keeps them out of `remove_leftovers`' reach."""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
     suffix = uuid.uuid4().hex[:10]
     kind = serialization.replace("-", "_")
-    slot = publication = f"onceflow_cdc_{kind}_{suffix}"
-    name = f"cdc-{serialization}-{suffix}"
+    slot = publication = f"onceflow_{prefix}_{kind}_{suffix}"
+    name = f"{prefix}-{serialization}-{suffix}"
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         listed = ", ".join(".".join(f'"{part}"' for part in table.split(".")) for table in tables)
         conn.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE {listed}')

@@ -395,6 +395,12 @@ class FaultRun:
         }
 
 
+def fired(steps: Sequence[StepOutcome]) -> bool:
+    """Whether a fault landed: it armed at least one crash, and every crash it armed happened."""
+    crashes = [s for s in steps if s.crash is not None]
+    return bool(crashes) and all(s.crashed for s in crashes)
+
+
 def random_schedule(seed: int, count: int) -> list[tuple[Fault, int, int, tuple[str, ...]]]:
     """``count`` faults chosen from the seed: (fault, good records, aborted records, bad records).
 
@@ -440,7 +446,7 @@ def run_faults(
             crash=" then ".join(str(s.crash) for s in crashes),
             produced=good,
             steps=steps,
-            fired=all(s.crashed for s in crashes),
+            fired=fired(steps),
             verdict=verdict,
         )
         run.records.append(record)

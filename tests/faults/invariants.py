@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.ledger import EpochStatus, Ledger
-from onceflow.offsets import OffsetRange
-from onceflow.pipeline import KafkaSource, Pipeline
+from onceflow.pipeline import Pipeline
 from onceflow.sinks.files import committed_files, read_committed_table
 from onceflow.sinks.kafka import KafkaCommitter
-from onceflow.sources.kafka_metadata import KafkaMetadata
-from onceflow.sources.kafka_range import read_range
+from tests.faults.kafka_output import read_committed
 
 
 @dataclass
@@ -66,14 +64,9 @@ def pg_ids(pg: Any, table: str) -> list[int]:
 
 
 def kafka_records(bootstrap: str, topic: str) -> list[tuple[int, dict[str, Any]]]:
-    """Every committed record of ``topic`` as (output partition, JSON value), in offset order."""
-    with KafkaMetadata(bootstrap) as metadata:
-        plan = metadata.plan(KafkaSource(topics=(topic,)), {}, max_records_per_partition=10**9)
-    found = []
-    for r in plan.ranges:
-        for record in read_range(bootstrap, OffsetRange(r.topic, r.partition, 0, r.until_offset)):
-            found.append((record.partition, json.loads(record.value or b"null")))
-    return found
+    """Every committed record of ``topic`` as (output partition, JSON value), in offset order: read by a
+    plain read_committed consumer (`kafka_output`), not by the pipeline's own reader."""
+    return [(r.partition, json.loads(r.value or b"null")) for r in read_committed(bootstrap, topic)]
 
 
 def _inversions(rows: Iterable[tuple[Any, int]], where: Callable[[Any], str]) -> list[str]:
@@ -158,6 +151,22 @@ def iceberg_leftovers(spec: Pipeline, home: Path) -> list[str]:
     return problems
 
 
+def staged_changes_left(spec: Pipeline, pg: Any) -> list[str]:
+    """Rows of the pipeline's change sinks (`postgres_changes`) still staged: once every epoch is
+    committed or aborted, each staged change was applied (and deleted with its epoch) or rolled back."""
+    problems = []
+    for sink in (s for s in spec.sinks if s.kind == "postgres_changes"):
+        staging = sink.config.get("staging_table") or f"{sink.config['table']}_onceflow_changes"
+        if pg.execute("SELECT to_regclass(%s)", [staging]).fetchone()[0] is None:
+            continue
+        left = pg.execute(
+            f"SELECT _epoch, count(*) FROM {staging} WHERE _pipeline = %s GROUP BY _epoch", [spec.name]
+        ).fetchall()
+        if left:
+            problems.append(f"changes sink {sink.name}: staged changes left (epoch, rows): {left}")
+    return problems
+
+
 def check_protocol_clean(spec: Pipeline, ledger: Ledger, pg: Any, root: Path) -> list[str]:
     """No epoch in flight, committed offsets contiguous, nothing prepared or staged."""
     problems = []
@@ -177,6 +186,7 @@ def check_protocol_clean(spec: Pipeline, ledger: Ledger, pg: Any, root: Path) ->
     ).fetchall()
     if prepared:
         problems.append(f"prepared transactions left: {[g for (g,) in prepared]}")
+    problems += staged_changes_left(spec, pg)
     staged = sorted(str(p.relative_to(root)) for p in root.glob("**/_staging/**/*") if p.is_file())
     if staged:
         problems.append(f"staging left: {staged[:5]}")

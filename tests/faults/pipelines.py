@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from onceflow.pipeline import AvroFormat, JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.pipeline import AvroFormat, Debezium, JsonFormat, KafkaSource, Pipeline, SinkSpec
 
 # The record every workload produces: its id, a payload, and its Kafka key in column "k".
 FORMAT = JsonFormat(schema={"id": "int", "payload": "string"}, key_field="k")
@@ -108,3 +108,48 @@ def keep_every_record(frame):  # type: ignore[no-untyped-def]
 
 RECORDS = records_pipeline()
 TABLE = table_pipeline()
+
+
+# The CDC pipeline's rows: the columns of `tests.cdc.source_table`, read from Debezium's JSON events.
+CDC_SCHEMA = {
+    "id": "int",
+    "name": "string",
+    "qty": "int?",
+    "price": "decimal(10,2)?",
+    "updated_at": "timestamp",
+}
+CDC_COLUMNS = {
+    "id": "bigint",
+    "name": "text",
+    "qty": "bigint",
+    "price": "numeric(10,2)",
+    "updated_at": "timestamptz",
+}
+
+
+def cdc_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
+    """Debezium's change events of one source table (topic ONCEFLOW_FAULTS_TOPIC) applied by key to a
+    PostgreSQL mirror (`postgres_changes`, table ONCEFLOW_FAULTS_TABLE) and appended to a change log (the
+    files sink): two sinks, so every commit-side crash point has a place to fire. Small read tasks put
+    changes of one key into several tasks of an epoch."""
+    _env = _reader(env)
+    root = Path(_env("ROOT", "/tmp/onceflow-faults"))
+    return Pipeline(
+        name=_env("NAME", "faults-cdc"),
+        source=KafkaSource(topics=(_env("TOPIC", "faults-cdc-in"),)),
+        format=JsonFormat(schema=CDC_SCHEMA, changes=Debezium(key=("id",))),
+        sinks=(
+            SinkSpec("log", "files", {"root": str(root / "files"), "table": "log"}),
+            SinkSpec(
+                "mirror",
+                "postgres_changes",
+                {"table": _env("TABLE", "faults_cdc_mirror"), "columns": CDC_COLUMNS, "key_columns": ["id"]},
+            ),
+        ),
+        max_records_per_partition=int(_env("MAX_RECORDS", "100000")),
+        max_records_per_task=int(_env("TASK_RECORDS", "3")),
+        max_record_bytes=8192,
+    )
+
+
+CDC = cdc_pipeline()

@@ -12,7 +12,8 @@ process (`tests.faults.harness`). About once a minute the seed picks a fault fro
 crash point of the protocol (SIGKILL of the coordinator, the driver or a task), the Kafka broker or
 PostgreSQL SIGKILLed and restarted while an epoch is paused at a chosen step, and on a three-broker stack
 (ONCEFLOW_KAFKA_BROKERS=3) the cluster faults of `tests.faults.kafka_cluster`. Kinds come in rounds
-that hold each kind once, so any round covers the catalogue.
+that hold each kind once, so any round covers the catalogue. A fault that does not land where it was
+aimed (its crash point never reached, no task seen running) is a violation: the run did not test it.
 
 The producer stops a little before the end and no fault starts in the last minute and a half, so the
 last clean epochs drain the backlog. A producer transaction whose outcome is unknown (its commit timed
@@ -51,12 +52,10 @@ from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.config import Settings
 from onceflow.ledger import EpochStatus, Ledger
-from onceflow.offsets import OffsetRange
-from onceflow.pipeline import KafkaSource
 from onceflow.sources.kafka_metadata import KafkaMetadata
-from onceflow.sources.kafka_range import read_range
 from onceflow.state import committed_state_files
 from tests.faults import harness, invariants, soak_report, spark_faults
+from tests.faults.kafka_output import read_committed
 from tests.faults.soak_pipelines import KEYED_PATH, expected_sums
 from tests.faults.soak_resources import (
     OPEN_STATES,
@@ -243,6 +242,15 @@ class SoakFault:
         return dataclasses.asdict(self)
 
 
+def fault_violations(faults: list[SoakFault]) -> list[str]:
+    """What the soak's faults say against the run: a fault that did not land where it was aimed (so the
+    run never tested what it scheduled) and what one left behind right after its recovery."""
+    problems = [
+        f"fault {f.number} ({f.kind} on {f.lane}: {f.detail}) did not land" for f in faults if not f.fired
+    ]
+    return problems + [f"fault {f.number} ({f.detail}): {p}" for f in faults for p in f.leftovers]
+
+
 class Soak:
     def __init__(self, minutes: float, seed: int, rate: int, root: Path, settings: Settings) -> None:
         self.minutes, self.seed, self.rate, self.root, self.settings = minutes, seed, rate, root, settings
@@ -337,7 +345,7 @@ class Soak:
             fault = harness.Fault(point, (("epoch", harness.Crash(point)),))
         steps = lane.scenario.inject(fault, lane.executor)
         crashes = [s for s in steps if s.crash is not None]
-        return " then ".join(str(s.crash) for s in crashes), all(s.crashed for s in crashes), steps
+        return " then ".join(str(s.crash) for s in crashes), harness.fired(steps), steps
 
     def mid_task_fault(
         self, lane: Lane, act: Callable[[subprocess.Popen[str]], None], tries: int = 3
@@ -584,25 +592,20 @@ class Soak:
             return
         bad_values = {value: reason for reason, (_, value) in BAD_INPUT.items()}
         maybe_bad = Counter(producer.maybe_bad)
-        topic = self.workload.topic
-        with KafkaMetadata(self.settings.kafka_bootstrap) as metadata:
-            plan = metadata.plan(KafkaSource(topics=(topic,)), {}, max_records_per_partition=10**9)
-        for r in plan.ranges:
-            for record in read_range(
-                self.settings.kafka_bootstrap, OffsetRange(topic, r.partition, 0, r.until_offset)
-            ):
-                position = (record.partition, record.offset)
-                reason = bad_values.get(record.value or b"")
-                if reason is not None:
-                    if position not in self.workload.bad and maybe_bad[reason] > 0:
-                        maybe_bad[reason] -= 1
-                        self.workload.bad[position] = reason
-                        self.maybe_committed += 1
-                    continue
-                record_id = json.loads(record.value or b"null")["id"]
-                if record_id in producer.maybe_ids and record_id not in self.workload.good:
-                    self.workload.good[record_id] = position
+        # The committed input as a plain read_committed consumer sees it, not as the pipelines read it.
+        for record in read_committed(self.settings.kafka_bootstrap, self.workload.topic):
+            position = (record.partition, record.offset)
+            reason = bad_values.get(record.value or b"")
+            if reason is not None:
+                if position not in self.workload.bad and maybe_bad[reason] > 0:
+                    maybe_bad[reason] -= 1
+                    self.workload.bad[position] = reason
                     self.maybe_committed += 1
+                continue
+            record_id = json.loads(record.value or b"null")["id"]
+            if record_id in producer.maybe_ids and record_id not in self.workload.good:
+                self.workload.good[record_id] = position
+                self.maybe_committed += 1
 
     def verdict(self) -> dict[str, invariants.Verdict]:
         self.resolve_maybe()
@@ -675,7 +678,7 @@ class Soak:
 
     def report(self, verdicts: dict[str, invariants.Verdict], error: str | None) -> dict[str, Any]:
         violations = [f"{lane}: {v}" for lane, verdict in verdicts.items() for v in verdict.violations]
-        violations += [f"fault {f.number} ({f.detail}): {p}" for f in self.faults for p in f.leftovers]
+        violations += fault_violations(self.faults)
         violations += self.letter_problems
         tallies = [t for verdict in verdicts.values() for t in verdict.tallies]
         return {

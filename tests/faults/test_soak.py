@@ -1,7 +1,7 @@
 """The soak in the suite: three minutes (ONCEFLOW_SOAK_MINUTES) of steady load (ONCEFLOW_SOAK_RATE good
 records a second, 1,000 by default) on every sink kind and keyed state, every pipeline on the warm Spark
-runtime, a seeded fault about once a minute (Spark's own among them), then exactly-once and each source
-partition's order from the outputs, and bounded resources.
+runtime, a seeded fault about once a minute (Spark's own among them), each of which must land where it
+was aimed, then exactly-once and each source partition's order from the outputs, and bounded resources.
 
 Bounded, concretely (`tests.faults.soak_resources`): at every sample (once a minute, between steps) no
 prepared transaction, no staged byte, no open Kafka sink transaction and no more Python daemons than
@@ -35,6 +35,8 @@ def test_soak_keeps_exactly_once_and_bounded_resources(settings, reports, tmp_pa
     assert data["error"] is None
     assert (verdict["lost"], verdict["duplicated_exactly_once"], verdict["aborted_read"]) == (0, 0, 0)
     assert verdict["violations"] == []
+    # Every fault the run scheduled landed where it was aimed (an unlanded one is also a violation).
+    assert data["faults_fired"] == len(data["faults"]), [f for f in data["faults"] if not f["fired"]]
     assert resources["unbounded"] == []
     # The run did what a soak is for: every pipeline committed epochs throughout, faults of each kind.
     assert data["records"]["good"] >= MINUTES * 60 * RATE * 0.5

@@ -1,6 +1,7 @@
 """The soak's bookkeeping: records whose producer transaction had an unknown outcome are settled from the
-committed input, only the ledger gaps retention made are excused from the contiguity check, and the
-curves that must stay flat (the Spark runtime's footprint, each pipeline's backlog) fail when they grow."""
+committed input, only the ledger gaps retention made are excused from the contiguity check, a fault that
+did not land fails the run, and the curves that must stay flat (the Spark runtime's footprint, each
+pipeline's backlog) fail when they grow."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from onceflow.config import Settings
-from tests.faults.soak import Soak, without_retention_gaps
+from tests.faults.soak import Soak, SoakFault, fault_violations, without_retention_gaps
 from tests.faults.soak_resources import Sample, unbounded
 from tests.faults.workload import Workload
 
@@ -45,6 +46,19 @@ def test_only_gaps_that_retention_made_are_excused() -> None:
     ]
     assert without_retention_gaps(problems, {11}) == problems[1:]
     assert without_retention_gaps(problems, set()) == problems
+
+
+def test_a_scheduled_fault_that_did_not_land_fails_the_soak() -> None:
+    def fault(number: int, fired: bool, leftovers: tuple[str, ...] = ()) -> SoakFault:
+        return SoakFault(
+            number, 1.0, "crash", "records", "after_decision", fired, ["epoch:-9"], 3.0, [*leftovers]
+        )
+
+    assert fault_violations([fault(1, True), fault(2, True)]) == []
+    assert fault_violations([fault(1, True), fault(2, False), fault(3, True, ("staging left: x",))]) == [
+        "fault 2 (crash on records: after_decision) did not land",
+        "fault 3 (after_decision): staging left: x",
+    ]
 
 
 def _sample(

@@ -3,8 +3,8 @@
 Each case runs the real `onceflow` command (the CLI and, through `onceflow run`, the runner) against the
 local stack with one thing wrong, and asserts: the exit code, that stderr is exactly one line (no
 traceback, no librdkafka noise) saying what failed and what to do, and that nothing was written, staged
-or prepared. At the end the same pipeline, set up right, delivers every record exactly once: the refused
-runs lost nothing.
+or prepared (no epoch planned: the refused runs lost nothing). The same pipeline, set up right, delivers
+every record exactly once, under a name and table of its own, so that no test depends on another's order.
 """
 
 from __future__ import annotations
@@ -318,11 +318,14 @@ def test_debug_adds_the_traceback_before_the_same_line(world) -> None:
     assert debug.stderr.splitlines()[-1] == plain.stderr.strip()
 
 
-def test_after_the_refusals_the_pipeline_delivers_every_record_once(world, settings) -> None:
-    """Runs after the table of bad inputs (same module): nothing they refused was lost or half-done.
-    The table lacks a column the sink's columns name, as after the sink gained one: a preview changes
-    nothing, the run adds the column before it writes."""
-    table = world["BAD_TABLE"]
+def test_set_up_right_the_pipeline_delivers_every_record_once(world, settings) -> None:
+    """The bad inputs' pipeline, under a name and table of its own (the table of bad inputs asserts that
+    its pipeline has no epoch, whichever test runs first). The table lacks a column the sink's columns
+    name, as after the sink gained one: a preview changes nothing, the run adds the column before it
+    writes."""
+    suffix = uuid.uuid4().hex[:8]
+    env = {**world, "BAD_PIPELINE": f"bad-input-right-{suffix}", "BAD_TABLE": f"bad_input_right_{suffix}"}
+    table = env["BAD_TABLE"]
 
     def columns() -> list[str]:
         with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
@@ -332,18 +335,18 @@ def test_after_the_refusals_the_pipeline_delivers_every_record_once(world, setti
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
         conn.execute(f'DROP TABLE IF EXISTS "{table}"')
         conn.execute(f'CREATE TABLE "{table}" (id bigint, amount double precision)')
-    preview = _onceflow(["preview", world["BAD_PIPELINE"]], world)
+    preview = _onceflow(["preview", env["BAD_PIPELINE"]], env)
     assert preview.returncode == 0, preview.stderr
     assert columns() == ["id", "amount"]  # a dry run
-    done = _onceflow(["run", world["BAD_PIPELINE"], "--until-caught-up", "--executor", "local"], world)
+    done = _onceflow(["run", env["BAD_PIPELINE"], "--until-caught-up", "--executor", "local"], env)
     assert done.returncode == 0, done.stderr
     assert columns() == ["id", "amount", "customer"]
-    again = _onceflow(["commit", world["BAD_PIPELINE"], "1"], world)
+    again = _onceflow(["commit", env["BAD_PIPELINE"], "1"], env)
     assert again.returncode == 0 and "already committed" in again.stderr, again.stderr
-    refused = _onceflow(["abort", world["BAD_PIPELINE"], "1"], world)
+    refused = _onceflow(["abort", env["BAD_PIPELINE"], "1"], env)
     assert refused.returncode == 3
     assert refused.stderr.strip().startswith("onceflow: abort refused: cannot abort epoch 1"), refused.stderr
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        ids = [r[0] for r in conn.execute(f'SELECT id FROM "{world["BAD_TABLE"]}" ORDER BY id').fetchall()]
-        conn.execute(f'DROP TABLE IF EXISTS "{world["BAD_TABLE"]}"')
+        ids = [r[0] for r in conn.execute(f'SELECT id FROM "{table}" ORDER BY id').fetchall()]
+        conn.execute(f'DROP TABLE IF EXISTS "{table}"')
     assert ids == list(range(RECORDS))

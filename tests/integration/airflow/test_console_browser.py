@@ -2,9 +2,10 @@
 
 One Airflow API server (its own home, a free port, the simple auth manager with an admin and a viewer)
 serves the plugin for the whole module. The pipeline's epochs are real: epoch 1 read Kafka and committed
-Parquet files with the local executor (one record was undecodable: a dead letter), epoch 2 is planned
-and undecided. The browser logs in through Airflow's login page, reads the console, aborts epoch 2, is
-refused the abort of epoch 1 in the coordinator's words, and a viewer is refused any action. Screenshots
+Parquet files with the local executor (one record was undecodable: a dead letter); a test that needs an
+undecided epoch plans one (`undecided`), so no test depends on what another did before it. The browser
+logs in through Airflow's login page, reads the console, aborts the undecided epoch, is refused the abort
+of epoch 1 in the coordinator's words, and a viewer is refused any action on the undecided one. Screenshots
 are saved as console-*.png in the test's temporary folder, or, with ONCEFLOW_CONSOLE_SCREENSHOTS=docs
 (a folder, relative to the checkout), where docs/operations.md shows them.
 """
@@ -51,7 +52,7 @@ class Console:
     dag_id: str
     topic: str
     ledger_url: str
-    run_ids: tuple[str, str]  # the runs of epoch 1 (committed) and epoch 2 (planned)
+    run_id: str  # the run of epoch 1 (committed)
 
 
 def wait_healthy(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
@@ -69,21 +70,16 @@ def wait_healthy(url: str, server: subprocess.Popen[bytes], log: Path, timeout: 
     pytest.fail(f"the API server did not answer within {timeout}s:\n{log.read_text()[-3000:]}")
 
 
-def plant_epochs(env: dict[str, str], settings: Settings, run_ids: tuple[str, str]) -> None:
-    """Epoch 1 committed through the local executor (with a dead letter), epoch 2 planned only."""
+def plant_epochs(env: dict[str, str], settings: Settings, run_id: str) -> None:
+    """Epoch 1 committed through the local executor (with a dead letter), and three records after it
+    for an undecided epoch to read."""
     from onceflow.engine.runner import run_epoch
 
     topic = env["ONCEFLOW_CONSOLE_TOPIC"]
     produce(settings.kafka_bootstrap, topic, [{"id": i, "page": f"/p{i}"} for i in range(12)], bad=[b"{oops"])
-    outcome = run_epoch(SPEC, Settings.from_env(), executor="local", run_id=run_ids[0])
+    outcome = run_epoch(SPEC, Settings.from_env(), executor="local", run_id=run_id)
     assert outcome.epoch.status is EpochStatus.COMMITTED
     produce(settings.kafka_bootstrap, topic, [{"id": i, "page": "/later"} for i in range(12, 15)])
-    from onceflow.pipeline import load_pipeline
-
-    with Ledger.connect(env["ONCEFLOW_LEDGER_URL"]) as ledger:
-        coordinator = Coordinator.for_pipeline(load_pipeline(SPEC), ledger, Settings.from_env())
-        planned = coordinator.plan(run_id=run_ids[1])
-    assert planned.status == "planned" and planned.epoch == 2
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +101,7 @@ def console(
         "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp / 'ledger.db'}",
         "ONCEFLOW_PIPELINES": SPEC,
     }
-    run_ids = (f"manual__console-{suffix}-1", f"manual__console-{suffix}-2")
+    run_id = f"manual__console-{suffix}-1"
     server = None
     with pytest.MonkeyPatch.context() as patch:
         for key, value in ours.items():
@@ -114,7 +110,7 @@ def console(
         try:
             with Ledger.connect(ours["ONCEFLOW_LEDGER_URL"], check=False) as ledger:
                 ledger.upgrade()
-            plant_epochs(ours, settings, run_ids)
+            plant_epochs(ours, settings, run_id)
 
             home = tmp / "airflow-home"
             dags = tmp / "dags"
@@ -141,7 +137,7 @@ def console(
             dag_id = f"onceflow_{pipeline}"
             # The DAG and its run of epoch 1, so that the run's page has the "Epoch" tab to show.
             run_airflow(["dags", "reserialize"], env, timeout=300)
-            run_airflow(["dags", "trigger", dag_id, "--run-id", run_ids[0]], env, timeout=300)
+            run_airflow(["dags", "trigger", dag_id, "--run-id", run_id], env, timeout=300)
             log = tmp / "api-server.log"
             with log.open("wb") as out:
                 server = subprocess.Popen(
@@ -153,12 +149,29 @@ def console(
                 )
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, server, log)
-            yield Console(url, pipeline, dag_id, topic, ours["ONCEFLOW_LEDGER_URL"], run_ids)
+            yield Console(url, pipeline, dag_id, topic, ours["ONCEFLOW_LEDGER_URL"], run_id)
         finally:
             if server is not None and server.poll() is None:
                 stop_process_groups([server])
             kafka_admin.delete_topics([topic])
             shutil.rmtree(tmp / "files", ignore_errors=True)
+
+
+@pytest.fixture
+def undecided(console: Console) -> int:
+    """The number of an epoch in flight, PLANNED and undecided (what an action can still change): the
+    one an earlier test left, or one planned now."""
+    from onceflow.pipeline import load_pipeline
+
+    with Ledger.connect(console.ledger_url) as ledger:
+        open_epoch = ledger.open_epoch(console.pipeline)
+        if open_epoch is not None:
+            assert open_epoch.status is EpochStatus.PLANNED, open_epoch
+            return open_epoch.number
+        coordinator = Coordinator.for_pipeline(load_pipeline(SPEC), ledger, Settings.from_env())
+        planned = coordinator.plan(run_id=f"manual__{console.pipeline}-{uuid.uuid4().hex[:6]}")
+    assert planned.status == "planned" and planned.epoch is not None, planned
+    return planned.epoch
 
 
 @pytest.fixture(scope="module")
@@ -249,17 +262,21 @@ def run_action(driver: Any, action: str, epoch: int) -> str:
     return str(wait_for(driver, answered))
 
 
-def post_from_page(driver: Any, path: str, content_type: str = "application/json") -> tuple[int, str]:
-    """POST ``{"epoch": 1}`` from the signed-in page (its cookie, its origin): status and body."""
+def post_from_page(
+    driver: Any, path: str, content_type: str = "application/json", epoch: int = 1
+) -> tuple[int, str]:
+    """POST ``{"epoch": epoch}`` from the signed-in page (its cookie, its origin): status and body."""
     status, body = driver.execute_async_script(
         """
         const done = arguments[arguments.length - 1];
         fetch(arguments[0], {method: "POST", credentials: "same-origin",
-                             headers: {"Content-Type": arguments[1]}, body: JSON.stringify({epoch: 1})})
+                             headers: {"Content-Type": arguments[1]},
+                             body: JSON.stringify({epoch: arguments[2]})})
           .then(async (r) => done([r.status, await r.text()]));
         """,
         path,
         content_type,
+        epoch,
     )
     return int(status), str(body)
 
@@ -269,7 +286,7 @@ def status_of(console: Console, epoch: int) -> EpochStatus:
         return ledger.epoch(console.pipeline, epoch).status
 
 
-def test_an_unauthenticated_request_is_refused(console: Console) -> None:
+def test_an_unauthenticated_request_is_refused(console: Console, undecided: int) -> None:
     for method, path in (
         ("GET", "/onceflow/api/pipelines"),
         ("GET", f"/onceflow/api/pipelines/{console.pipeline}"),
@@ -278,13 +295,13 @@ def test_an_unauthenticated_request_is_refused(console: Console) -> None:
         request = urllib.request.Request(
             console.url + path,
             method=method,
-            data=b'{"epoch": 2}' if method == "POST" else None,
+            data=json.dumps({"epoch": undecided}).encode() if method == "POST" else None,
             headers={"Content-Type": "application/json"},
         )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=30)
         assert refused.value.code == 401, path
-    assert status_of(console, 2) is EpochStatus.PLANNED
+    assert status_of(console, undecided) is EpochStatus.PLANNED
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: object) -> None:
@@ -296,7 +313,7 @@ def test_an_unauthenticated_request_is_refused(console: Console) -> None:
 
 
 def test_the_console_shows_the_committed_epoch_its_ranges_and_the_dead_letter(
-    console: Console, browser_factory: Any, shots: Path
+    console: Console, undecided: int, browser_factory: Any, shots: Path
 ) -> None:
     from selenium.webdriver.common.by import By
 
@@ -304,21 +321,22 @@ def test_the_console_shows_the_committed_epoch_its_ranges_and_the_dead_letter(
     console_page(driver, console, "admin")
     with Ledger.connect(console.ledger_url) as ledger:
         first = ledger.epoch(console.pipeline, 1)
-        planned = ledger.epoch(console.pipeline, 2)
+        planned = ledger.epoch(console.pipeline, undecided)
+        numbers = [str(e.number) for e in ledger.epochs(console.pipeline)]
     rows = {
         row.find_element(By.CSS_SELECTOR, ".epoch-number").text: row
         for row in driver.find_elements(By.CSS_SELECTOR, "table.epochs tbody tr")
     }
-    assert sorted(rows) == ["1", "2"]
+    assert sorted(rows, key=int) == sorted(numbers, key=int)
     committed = rows["1"].text
-    assert "COMMITTED" in committed and console.run_ids[0] in committed
+    assert "COMMITTED" in committed and console.run_id in committed
     shown = [li.text for li in rows["1"].find_elements(By.CSS_SELECTOR, "li.range")]
     assert shown == [f"{r.topic}[{r.partition}] [{r.from_offset}, {r.until_offset})" for r in first.ranges]
     # 12 clicks, one bad record and a transaction marker in each of the two partitions
     assert sum(r.until_offset - r.from_offset for r in first.ranges) == 15
-    assert "PLANNED" in rows["2"].text
+    assert "PLANNED" in rows[str(undecided)].text
     doubt = driver.find_element(By.ID, "in-doubt").text
-    assert "epoch 2 PLANNED" in doubt and "undecided" in doubt
+    assert f"epoch {undecided} PLANNED" in doubt and "undecided" in doubt
     letters = driver.find_elements(By.CSS_SELECTOR, "table.dead-letters tbody tr")
     assert len(letters) == 1
     assert "malformed_json: " in letters[0].text and "'{oops' (5 bytes)" in letters[0].text
@@ -330,7 +348,7 @@ def test_the_console_shows_the_committed_epoch_its_ranges_and_the_dead_letter(
     driver.get(f"{console.url}/onceflow/?pipeline={console.pipeline}&code=malformed_json&text=oops")
     assert len(driver.find_elements(By.CSS_SELECTOR, "table.dead-letters tbody tr")) == 1
     lag = driver.find_element(By.ID, "lag").text
-    waiting = sum(r.until_offset - r.from_offset for r in planned.ranges)  # what epoch 2 would read
+    waiting = sum(r.until_offset - r.from_offset for r in planned.ranges)  # what it would read
     assert console.topic in lag and f"total lag {waiting}" in lag and waiting >= 3
     driver.save_screenshot(str(shots / "console-epochs.png"))
 
@@ -348,9 +366,7 @@ def test_the_dag_run_page_shows_that_runs_epoch(console: Console, browser_factor
     from selenium.webdriver.common.by import By
 
     driver = browser_factory()
-    log_in(
-        driver, console, "admin", f"/dags/{console.dag_id}/runs/{console.run_ids[0]}/plugin/onceflow-epoch"
-    )
+    log_in(driver, console, "admin", f"/dags/{console.dag_id}/runs/{console.run_id}/plugin/onceflow-epoch")
     frame = wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "iframe[title=Epoch]"))
     driver.switch_to.frame(frame[0])
     heading = wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".run-view h2"))
@@ -361,13 +377,13 @@ def test_the_dag_run_page_shows_that_runs_epoch(console: Console, browser_factor
 
 
 def test_an_editor_aborts_the_undecided_epoch_and_is_refused_the_committed_one(
-    console: Console, browser_factory: Any, shots: Path
+    console: Console, undecided: int, browser_factory: Any, shots: Path
 ) -> None:
     from selenium.webdriver.common.by import By
 
     driver = browser_factory()
     console_page(driver, console, "admin")
-    driver.find_element(By.CSS_SELECTOR, 'button.act-abort[data-epoch="2"]').click()
+    driver.find_element(By.CSS_SELECTOR, f'button.act-abort[data-epoch="{undecided}"]').click()
     wait_for(driver, lambda d: d.switch_to.alert).accept()
     answer = wait_for(
         driver,
@@ -377,12 +393,12 @@ def test_an_editor_aborts_the_undecided_epoch_and_is_refused_the_committed_one(
             else None
         ),
     )
-    assert f"epoch 2 of pipeline '{console.pipeline}' (ABORTED)" in str(answer)
+    assert f"epoch {undecided} of pipeline '{console.pipeline}' (ABORTED)" in str(answer)
     with Ledger.connect(console.ledger_url) as ledger:
-        second = ledger.epoch(console.pipeline, 2)
+        aborted = ledger.epoch(console.pipeline, undecided)
         first = ledger.epoch(console.pipeline, 1)
-    assert second.status is EpochStatus.ABORTED
-    assert second.abort_reason == "aborted by hand with the epochs console by admin"
+    assert aborted.status is EpochStatus.ABORTED
+    assert aborted.abort_reason == "aborted by hand with the epochs console by admin"
     assert "nothing in doubt" in driver.find_element(By.ID, "in-doubt").text
 
     refused = run_action(driver, "abort", 1)
@@ -397,16 +413,30 @@ def test_an_editor_aborts_the_undecided_epoch_and_is_refused_the_committed_one(
     assert status == 415
 
 
-def test_a_viewer_may_look_but_is_refused_every_action(console: Console, browser_factory: Any) -> None:
+def test_a_viewer_may_look_but_is_refused_every_action(
+    console: Console, undecided: int, browser_factory: Any
+) -> None:
     from selenium.webdriver.common.by import By
 
     driver = browser_factory()
     console_page(driver, console, "viewer")
     assert driver.find_elements(By.ID, "action-form") == []
     assert "You may look, not act" in driver.find_element(By.ID, "actions").text
-    # The server refuses whatever the page shows: the same request the form would send, from the
-    # viewer's signed-in browser.
-    status, body = post_from_page(driver, f"/onceflow/api/pipelines/{console.pipeline}/actions/commit")
-    assert status == 403
-    assert json.loads(body)["detail"] == f"forbidden: viewer may not edit the DAG '{console.dag_id}'"
-    assert status_of(console, 1) is EpochStatus.COMMITTED
+    with Ledger.connect(console.ledger_url) as ledger:
+        before = ledger.epoch(console.pipeline, undecided)
+    # The server refuses whatever the page shows: the same requests the form would send, from the
+    # viewer's signed-in browser, on an undecided epoch that an abort (or a recover, once its owner's
+    # lease ends) would change.
+    for action in ("abort", "commit", "recover"):
+        status, body = post_from_page(
+            driver, f"/onceflow/api/pipelines/{console.pipeline}/actions/{action}", epoch=undecided
+        )
+        assert status == 403, (action, body)
+        assert json.loads(body)["detail"] == f"forbidden: viewer may not edit the DAG '{console.dag_id}'"
+    with Ledger.connect(console.ledger_url) as ledger:
+        after = ledger.epoch(console.pipeline, undecided)
+    assert (after.status, after.attempt_token, after.abort_reason) == (
+        EpochStatus.PLANNED,
+        before.attempt_token,
+        None,
+    )

@@ -53,7 +53,7 @@ def test_two_epochs_deliver_each_good_record_once(stack, settings, pg_connect) -
     ledger.close()
 
 
-def test_cli_commit_is_idempotent_and_abort_is_refused_after_commit(stack, settings) -> None:
+def test_cli_commit_is_idempotent_and_abort_is_refused_after_commit(stack, settings, pg_connect) -> None:
     import os
     import subprocess
     import sys
@@ -62,6 +62,8 @@ def test_cli_commit_is_idempotent_and_abort_is_refused_after_commit(stack, setti
     produce(settings.kafka_bootstrap, stack["ONCEFLOW_TEST_TOPIC"], orders(0, 10))
     outcome = run_epoch(PIPELINE, Settings.from_env())
     assert outcome.epoch.status == EpochStatus.COMMITTED
+    expected = sorted(o["id"] for o in orders(0, 10) if o["amount"] > 0)
+    assert delivered_ids(pg_connect, stack) == (expected, expected)
     root = str(Path(__file__).resolve().parents[3])
     env = {**os.environ, "ONCEFLOW_PIPELINES": PIPELINE, "PYTHONPATH": root}
     onceflow = str(Path(sys.executable).parent / "onceflow")
@@ -69,6 +71,8 @@ def test_cli_commit_is_idempotent_and_abort_is_refused_after_commit(stack, setti
 
     again = subprocess.run([onceflow, "commit", pipeline, number], env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
+    # Idempotent: the second commit delivered nothing again, to either sink.
+    assert delivered_ids(pg_connect, stack) == (expected, expected)
     refused = subprocess.run([onceflow, "abort", pipeline, number], env=env, capture_output=True, text=True)
     assert refused.returncode == 3, refused.stderr
     assert "COMMITTED" in refused.stderr or "committed" in refused.stderr

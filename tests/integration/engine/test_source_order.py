@@ -46,13 +46,26 @@ def _value(record_id: int, shape: str) -> bytes:
     return json.dumps({"id": record_id, "payload": f"p{record_id}"}).encode()
 
 
-def _produce(bootstrap: str, topic: str) -> tuple[dict[int, int], int]:
+# The reason code of each dead-letter shape.
+DEAD_CODES = {"malformed": "malformed_json", "wrong_type": "wrong_type"}
+
+
+def _produce(bootstrap: str, topic: str) -> tuple[dict[int, int], list[tuple[int, int, str]]]:
     """The records, half committed, an aborted transaction, the other half committed; returns the
-    source partition of every id that must be a row, and how many records are dead letters."""
+    source partition of every id that must be a row, and each committed record that must be a dead
+    letter as (partition, offset, reason code), sorted."""
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": uuid.uuid4().hex})
     producer.init_transactions(30)
     rows: dict[int, int] = {}
-    dead = 0
+    dead: list[tuple[int, int, str]] = []
+
+    def dead_letter(code: str) -> Any:
+        def delivered(err: Any, msg: Any) -> None:
+            assert err is None, err
+            dead.append((msg.partition(), msg.offset(), code))
+
+        return delivered
+
     for half, commit in ((0, True), (None, False), (1, True)):
         producer.begin_transaction()
         for partition in range(PARTITIONS):
@@ -60,16 +73,18 @@ def _produce(bootstrap: str, topic: str) -> tuple[dict[int, int], int]:
                 number = n if half is None else half * (PER_PARTITION // 2) + n
                 record_id = 1000 * partition + number + (500 if half is None else 0)
                 shape = SHAPES[number % len(SHAPES)]
-                producer.produce(topic, value=_value(record_id, shape), partition=partition)
+                code = DEAD_CODES.get(shape) if commit else None
+                callback = {"on_delivery": dead_letter(code)} if code else {}
+                producer.produce(topic, value=_value(record_id, shape), partition=partition, **callback)
                 if commit and shape in ("good", "python_good"):
                     rows[record_id] = partition
-                dead += commit and shape in ("malformed", "wrong_type")
         if commit:
             producer.commit_transaction(30)
         else:
             producer.flush(30)
             producer.abort_transaction(30)
-    return rows, dead
+    assert len(dead) == 2 * PARTITIONS * (PER_PARTITION // len(SHAPES))  # every delivery reported
+    return rows, sorted(dead)
 
 
 @pytest.mark.parametrize("path", ["warm", "warm_jvm", "jvm", "python", "local", "shuffled"])
@@ -110,7 +125,8 @@ def test_each_source_partition_keeps_its_order_in_every_output(
     assert files_order_violations(stack["ONCEFLOW_TEST_FILES"], "ordered") == []
     with Ledger.connect(stack["ONCEFLOW_LEDGER_URL"]) as ledger:
         letters = ledger.dead_letters(outcome.epoch.pipeline)
-    assert len(letters) == dead
+    # Each bad record is a dead letter at its own position with its own reason, once.
+    assert sorted((d.letter.partition, d.letter.offset, d.letter.code) for d in letters) == dead
     if path != "local":  # the slice ran on the path it was meant to, in one Spark job
         if warm:  # the slice's driver is this process
             logs.append(capfd.readouterr().err)

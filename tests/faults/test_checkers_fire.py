@@ -1,0 +1,235 @@
+"""The fault tests' checkers fire on the real outputs: one clean epoch of the records pipeline passes
+`invariants.check_records`, then a violation of each kind is planted where a bug would leave it (a row
+twice or missing in PostgreSQL, a committed Parquet file with an aborted id and rows out of order, a
+duplicate Iceberg row, a staged marker and an unreferenced data file, a committed Kafka record that must
+not be there and out of order, a consumer group off the ledger's position, ranges that do not meet, a
+dead letter twice and one missing, an epoch in flight, a prepared transaction, a staged file) and each
+must be reported, in its own words. A record in an aborted transaction of the output topic must not
+count: the output is read with a plain read_committed consumer.
+
+The checkers that need no service are fired in tests/unit/test_fault_checkers.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from onceflow.config import Settings
+from onceflow.ledger import Ledger
+from onceflow.offsets import OffsetRange
+from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.sinks import iceberg
+from onceflow.sinks.files import CommitLogEntry, committed_files, log_entry_path
+from onceflow.sinks.kafka import group_id
+from tests.faults import harness, invariants
+from tests.faults.kafka_output import read_committed
+from tests.faults.workload import ABORTED_BASE
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+GOOD = 12
+
+
+@pytest.fixture
+def clean_run(
+    settings: Settings, pg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[harness.Scenario]:
+    """The records pipeline after one epoch on the local executor, in this process: 12 good records, an
+    aborted transaction and a bad record in, every sink holding the good ones once."""
+    from onceflow.engine.runner import run_epoch
+
+    scenario = harness.Scenario(harness.RECORDS, tmp_path, settings, env={"ONCEFLOW_FAULTS_SLICES": "1"})
+    scenario.create_topics()
+    try:
+        scenario.workload.produce(settings.kafka_bootstrap, GOOD, aborted=2, bad=("wrong_type",))
+        for key, value in scenario.env.items():
+            monkeypatch.setenv(key, value)
+        # The spec module names its topics and tables from the environment at import.
+        monkeypatch.delitem(sys.modules, "tests.faults.pipelines", raising=False)
+        run_epoch(harness.RECORDS, Settings.from_env(), executor="local")
+        yield scenario
+    finally:
+        scenario.drop(pg)
+
+
+def test_every_planted_violation_of_the_records_pipeline_is_reported(
+    clean_run: harness.Scenario, settings: Settings, pg: Any
+) -> None:
+    scenario, spec = clean_run, clean_run.spec
+    clean = scenario.verdict(pg)
+    assert clean.violations == []
+    assert {(t.sink, t.delivered, t.guarantee) for t in clean.tallies} == {
+        (sink, GOOD, "exactly-once") for sink in ("pg", "files", "iceberg", "kafka")
+    }
+
+    gid = f"onceflow:{spec.name}:planted"
+    expected = [
+        *plant_in_postgres(scenario, pg),
+        *plant_in_files(scenario),
+        *plant_in_iceberg(scenario),
+        *plant_in_kafka(scenario, settings.kafka_bootstrap),
+        *plant_in_ledger(scenario),
+        f"prepared transactions left: [{gid!r}]",
+    ]
+    staged = scenario.root / "files" / "_staging" / "epoch=9" / "s0-t0" / "attempt-x" / "part-00000.parquet"
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b"PAR1")
+    expected.append("staging left: ['files/_staging/epoch=9/s0-t0/attempt-x/part-00000.parquet']")
+    prepared = psycopg.connect(settings.pg_dsn)
+    try:
+        prepared.tpc_begin(gid)
+        prepared.execute("SELECT 1")
+        prepared.tpc_prepare()
+        violations = scenario.verdict(pg).violations
+    finally:
+        prepared.close()
+        pg.execute(f"ROLLBACK PREPARED '{gid}'")
+    unreported = [line for line in expected if not any(line in v for v in violations)]
+    assert unreported == [], violations
+    assert len(violations) == len(expected), violations
+
+
+def plant_in_postgres(scenario: harness.Scenario, pg: Any) -> list[str]:
+    """One good row twice, another gone."""
+    table = scenario.spec.sinks[0].config["table"]
+    first, second = sorted(invariants.pg_ids(pg, table))[:2]
+    pg.execute(f"INSERT INTO {table} SELECT * FROM {table} WHERE id = %s", [first])
+    pg.execute(f"DELETE FROM {table} WHERE id = %s", [second])
+    return ["sink pg: 1 lost, 1 duplicated, 0 that must not be there"]
+
+
+def plant_in_files(scenario: harness.Scenario) -> list[str]:
+    """A committed file (its own commit log entry) with a good id again and an aborted one, whose source
+    partition 1 goes from offset 5 back to 2."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table_dir = scenario.root / "files" / "records"
+    schema = pq.read_schema(committed_files(table_dir)[0])
+    rows = [
+        {"id": 0, "payload": "p0", "_partition": 1, "_offset": 5},
+        {"id": ABORTED_BASE + 77, "payload": "x", "_partition": 1, "_offset": 2},
+    ]
+    path = table_dir / "epoch=99" / "planted.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    entry = CommitLogEntry(99, scenario.spec.name, "files", ("epoch=99/planted.parquet",), record_count=2)
+    log_entry_path(table_dir, 99).write_text(entry.to_json())
+    return [
+        "sink files: 0 lost, 1 duplicated, 1 that must not be there",
+        "files table records, planted.parquet: source partition 1 offset 2 after 5",
+    ]
+
+
+def plant_in_iceberg(scenario: harness.Scenario) -> list[str]:
+    """A row appended again; a staged attempt's marker and a data file no snapshot references."""
+    table = invariants._iceberg_table(scenario.spec, "iceberg", scenario.root / "home")
+    table.append(table.scan().to_arrow().slice(0, 1))
+    location = Path(table.location().removeprefix("file://"))
+    marker = location / iceberg.files.MARKERS / scenario.spec.name / "iceberg" / "planted"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("{}")
+    root = iceberg.files.data_root(iceberg._data_path(table), scenario.spec.name, "iceberg")
+    data = Path(root.removeprefix("file://")) / "planted.parquet"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_bytes(b"PAR1")
+    return [
+        "sink iceberg: 0 lost, 1 duplicated, 0 that must not be there",
+        "iceberg sink iceberg: staged attempts left",
+        "iceberg sink iceberg: unreferenced data files left",
+    ]
+
+
+def plant_in_kafka(scenario: harness.Scenario, bootstrap: str) -> list[str]:
+    """In the output topic: a committed record of an aborted id, at source partition 0's offset 0 after
+    its later ones, and a good record again in an aborted transaction (which no reader may count). The
+    Kafka sink's consumer group moved off the ledger's position."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    topic = scenario.spec.sinks[3].config["topic"]
+    out = [r for r in read_committed(bootstrap, topic) if json.loads(r.value or b"{}")["_partition"] == 0]
+    partition, last = out[-1].partition, json.loads(out[-1].value or b"{}")["_offset"]
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"planted-{uuid.uuid4().hex}"})
+    producer.init_transactions(30)
+    for commit, record_id in ((True, ABORTED_BASE + 78), (False, 1)):
+        producer.begin_transaction()
+        value = {"id": record_id, "payload": "x", "_partition": 0, "_offset": 0}
+        producer.produce(topic, json.dumps(value).encode(), partition=partition)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.flush(30)
+            producer.abort_transaction(30)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id(scenario.spec.name)})
+    try:
+        consumer.commit(offsets=[TopicPartition(scenario.workload.topic, 1, 1)], asynchronous=False)
+    finally:
+        consumer.close()
+    return [
+        "sink kafka: 0 lost, 0 duplicated, 1 that must not be there",
+        f"kafka output partition {partition}: source partition 0 offset 0 after {last}",
+        "Kafka sink group offsets differ from the ledger",
+    ]
+
+
+def plant_in_ledger(scenario: harness.Scenario) -> list[str]:
+    """A second committed epoch whose range starts two offsets before the first one's end; the first
+    epoch's dead letter recorded in it again; a bad record with no dead letter; an epoch left in flight."""
+    spec, topic = scenario.spec, scenario.workload.topic
+    url = scenario.env["ONCEFLOW_LEDGER_URL"]
+    with Ledger.connect(url) as ledger:
+        position = ledger.committed_offsets(spec.name)
+        end = position[(topic, 0)]
+        second = ledger.plan_epoch(spec.name, [OffsetRange(topic, 0, end, end)], [])
+        ledger.record_commit_decision(spec.name, second.number)
+        ledger.complete_commit(spec.name, second.number)
+        in_flight = ledger.plan_epoch(
+            spec.name, [OffsetRange(topic, 2, position[(topic, 2)], 99)], [("pg", "x")]
+        )
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as db:
+        db.execute(
+            "UPDATE epoch_offsets SET from_offset = from_offset - 2 WHERE pipeline = ? AND epoch = ?",
+            (spec.name, second.number),
+        )
+        db.execute(
+            'INSERT INTO dead_letters (pipeline, epoch, topic, "partition", "offset", key, reason, value, '
+            'key_size, value_size, created_at) SELECT pipeline, ?, topic, "partition", "offset", key, '
+            "reason, value, key_size, value_size, created_at FROM dead_letters WHERE pipeline = ?",
+            (second.number, spec.name),
+        )
+    scenario.workload.bad[(2, 10_000)] = "malformed_json"
+    return [
+        f"epoch {second.number} starts {topic}[0]@[{end - 2},{end}) at {end - 2}, not at {end}",
+        "1 dead letters are recorded twice",
+        "!= bad input",
+        f"{in_flight} is still in flight after recovery",
+    ]
+
+
+def test_staged_changes_left_in_a_changes_sink_are_reported(settings: Settings, pg: Any) -> None:
+    table = f"planted_{uuid.uuid4().hex[:8]}"
+    sink = SinkSpec(
+        "mirror", "postgres_changes", {"table": table, "columns": {"id": "bigint"}, "key_columns": ["id"]}
+    )
+    spec = Pipeline(f"planted-{table}", KafkaSource(("in",)), JsonFormat({"id": "int"}), (sink,))
+    staging = f"{table}_onceflow_changes"
+    assert invariants.staged_changes_left(spec, pg) == []  # no staging table yet
+    pg.execute(f"CREATE TABLE {staging} (_pipeline text, _epoch bigint, id bigint)")
+    try:
+        pg.execute(f"INSERT INTO {staging} VALUES ('another pipeline', 3, 1)")
+        assert invariants.staged_changes_left(spec, pg) == []  # another pipeline's rows are its own
+        pg.execute(f"INSERT INTO {staging} VALUES (%s, 3, 1), (%s, 3, 2)", [spec.name, spec.name])
+        assert invariants.staged_changes_left(spec, pg) == [
+            "changes sink mirror: staged changes left (epoch, rows): [(3, 2)]"
+        ]
+    finally:
+        pg.execute(f"DROP TABLE IF EXISTS {staging}")
