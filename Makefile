@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench local_stack)
 
-.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults soak bench bench-coordination clean
+.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults soak bench bench-coordination bench-cdc clean
 
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
@@ -26,6 +26,7 @@ help:
 	@echo "make soak           every sink kind under load and a fault a minute, on 3 brokers (MINUTES=60 SEED=7); tests/faults/out/"
 	@echo "make bench          benchmarks -> bench/report.md (BENCH_ARGS=\"--full\" adds 10^7 records)"
 	@echo "make bench-coordination  ledger + coordinator at 1,000 partitions / 512 participants, 100 pipelines"
+	@echo "make bench-cdc      10^6 Debezium changes into PostgreSQL: onceflow beside Debezium's JDBC sink"
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo "[onceflow] creating virtualenv $(VENV) with $(PYTHON) and installing pinned dependencies (constraints.txt)" >&2
@@ -147,6 +148,13 @@ bench: $(BENCH_STAMP) jars
 bench-coordination: $(STAMP)
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  nice -n 10 $(BIN)/python -m bench.coordination --report bench/report.md $(BENCH_ARGS)
+
+# Change data capture beside Debezium's JDBC sink connector -> its section of bench/report.md. The sink
+# connector is an optional Kafka Connect plugin (ONCEFLOW_CONNECT_JDBC_SINK=1), resolved only here.
+bench-cdc: $(BENCH_STAMP) jars
+	@stack="$$(ONCEFLOW_CONNECT_JDBC_SINK=1 infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" ONCEFLOW_CONNECT_JDBC_SINK=1 nice -n 10 $(BIN)/python -m bench.cdc \
+	  --report bench/report.md $(BENCH_ARGS)
 
 clean: services-stop
 	rm -rf .onceflow

@@ -2,7 +2,10 @@
 # Local Kafka Connect for change data capture: one distributed-mode worker on loopback, from the Kafka jars
 # infra/kafka.sh resolves (they hold connect-runtime, connect-json and connect-transforms of the same
 # version), with two plugins on its plugin path, resolved from Maven Central: Debezium's PostgreSQL
-# connector and Apicurio Registry's converters (Avro through the schema registry).
+# connector and Apicurio Registry's converters (Avro through the schema registry). With
+# ONCEFLOW_CONNECT_JDBC_SINK=1, a third one, kept out of the default (bench/cdc.py's peer, about 40 MB):
+# Debezium's JDBC sink connector (ONCEFLOW_CONNECT_JDBC_SINK_VERSION, default 3.6.0.Final, the newest that
+# Maven Central serves), resolved into $ONCEFLOW_CACHE/connect-plugins-optional/ and added to the plugin path.
 #   infra/connect.sh jars     resolve the plugins into $ONCEFLOW_CACHE/connect-plugins/ (about 35 MB)
 #   infra/connect.sh start    start the worker unless running, wait until its REST API answers and the
 #                             Debezium connector is loaded, then print ONCEFLOW_CONNECT_URL=... on stdout
@@ -21,6 +24,9 @@ set -euo pipefail
 
 LIBS="$ONCEFLOW_CACHE/kafka-$ONCEFLOW_KAFKA_VERSION/libs"
 PLUGINS="$ONCEFLOW_CACHE/connect-plugins"
+OPTIONAL_PLUGINS="$ONCEFLOW_CACHE/connect-plugins-optional"
+JDBC_SINK="${ONCEFLOW_CONNECT_JDBC_SINK:-0}"
+JDBC_SINK_VERSION="${ONCEFLOW_CONNECT_JDBC_SINK_VERSION:-3.6.0.Final}"
 HOST="$ONCEFLOW_CONNECT_HOST"
 PORT="$ONCEFLOW_CONNECT_PORT"
 DATA="$ONCEFLOW_CONNECT_DATA"
@@ -33,8 +39,8 @@ URL="http://$HOST:$PORT"
 # each folder of its plugin path a class loader of its own), unless resolved from that pom and version
 # already (the marker holds the pom's checksum and the version).
 plugin() {
-  local name=$1 pom=$ONCEFLOW_ROOT/infra/connect/$1.pom.xml property=$2 version=$3
-  local dir="$PLUGINS/$name" want
+  local name=$1 pom=$ONCEFLOW_ROOT/infra/connect/$1.pom.xml property=$2 version=$3 root=${4:-$PLUGINS}
+  local dir="$root/$name" want
   want="$(sha256sum "$pom" | cut -c1-64) $version"
   if [ -f "$dir/.complete" ] && [ "$(cat "$dir/.complete")" = "$want" ]; then
     onceflow_say "Kafka Connect plugin $name $version already in $dir"
@@ -59,7 +65,15 @@ jars() {
   mkdir -p "$PLUGINS"
   plugin debezium-postgres debezium.version "$ONCEFLOW_DEBEZIUM_VERSION"
   plugin apicurio-converter apicurio.version "$ONCEFLOW_CONNECT_APICURIO_VERSION"
+  if jdbc_sink; then
+    mkdir -p "$OPTIONAL_PLUGINS"
+    plugin debezium-jdbc-sink debezium.jdbc.version "$JDBC_SINK_VERSION" "$OPTIONAL_PLUGINS"
+  fi
 }
+
+jdbc_sink() { [ "$JDBC_SINK" = "1" ]; }
+# Each folder of the plugin path holds plugins, a folder each; the optional ones only when switched on.
+plugin_path() { if jdbc_sink; then echo "$PLUGINS,$OPTIONAL_PLUGINS"; else echo "$PLUGINS"; fi; }
 
 # The worker's properties, on stdout.
 render_config() {
@@ -84,7 +98,7 @@ value.converter.schemas.enable=true
 listeners=http://$HOST:$PORT
 rest.advertised.host.name=$HOST
 rest.advertised.port=$PORT
-plugin.path=$PLUGINS
+plugin.path=$(plugin_path)
 # Source offsets reach Kafka within a second; one worker: a restarted worker takes its connectors back
 # at once instead of waiting for a lost member to return.
 offset.flush.interval.ms=1000
@@ -112,6 +126,9 @@ answers() { curl -fsS -o /dev/null --max-time 3 "$URL/connectors"; }
 has_debezium() {
   curl -fsS --max-time 3 "$URL/connector-plugins" 2>/dev/null | grep -q 'io.debezium.connector.postgresql.PostgresConnector'
 }
+has_jdbc_sink() {
+  curl -fsS --max-time 3 "$URL/connector-plugins" 2>/dev/null | grep -q 'io.debezium.connector.jdbc.JdbcSinkConnector'
+}
 running() { kill -0 "$(cat "$PIDFILE" 2>/dev/null)" 2>/dev/null; }
 
 start() {
@@ -132,6 +149,9 @@ start() {
     onceflow_wait_for "Kafka Connect" "$PIDFILE" 180 "$LOG" answers
   fi
   onceflow_wait_for "Kafka Connect's plugins" "$PIDFILE" 60 "$LOG" has_debezium
+  if jdbc_sink && ! has_jdbc_sink; then
+    onceflow_say "the running worker has no JDBC sink connector: infra/connect.sh restart (with ONCEFLOW_CONNECT_JDBC_SINK=1) adds it"
+  fi
   onceflow_say "Kafka Connect is up (pid $(cat "$PIDFILE")) on $URL"
   printf 'ONCEFLOW_CONNECT_URL=%s\n' "$URL"
 }
