@@ -208,3 +208,48 @@ def test_named_faults_on_a_cdc_pipeline_keep_its_mirror_equal_to_the_source(
     assert left == []
     assert all(c.against_source for c in mirror.checks if c.position > 0)
     assert len({c.position for c in mirror.checks}) >= 3  # the mirror was compared at several points
+
+
+@pytest.mark.timeout(600)
+def test_an_executor_killed_while_the_jvm_reads_and_decodes_leaves_every_invariant_standing(
+    settings, pg, tmp_path
+) -> None:
+    """The JVM read path under SIGKILL: the records pipeline on the warm runtime with JSON decoded by
+    Spark's Kafka source and from_json (no fault plan armed, so the slice takes that path), and the
+    executor JVM running a read task killed mid-task. Spark retries the task or the epoch aborts; either
+    way recovery and catch-up leave every invariant standing, each record delivered once."""
+    from local_stack.spark_runtime import SparkRuntime
+
+    from tests.faults import spark_faults
+
+    env = {
+        "ONCEFLOW_FAULTS_SLICES": "1",
+        "ONCEFLOW_FAULTS_TRANSFORM": "tests.faults.pipelines:keep_every_record",
+        "ONCEFLOW_JSON_READ": "jvm",
+        "ONCEFLOW_FAULTS_TASK_RECORDS": "2000",  # a few read tasks, each long enough to be hit
+        "ONCEFLOW_FAULTS_MAX_RECORDS": "20000",
+    }
+    scenario = harness.Scenario(harness.RECORDS, tmp_path, settings, env=env)
+    runtime = SparkRuntime.from_env()
+    scenario.create_topics()
+    landed, paths = False, []
+    try:
+        for _ in range(3):  # a read task may end before it is seen running: more records, again
+            scenario.workload.produce(settings.kafka_bootstrap, 4000, aborted=3)
+            running = scenario.start("epoch", "--executor", "connect", pause=None)
+            if spark_faults.wait_for_task(runtime, running.process):
+                landed = "SIGKILLed" in spark_faults.strike("spark_executor", runtime, running.process)
+            outcome = running.resume()
+            paths += [line for line in outcome.stderr.splitlines() if "read path (" in line]
+            if landed:
+                break
+        runtime.start()  # the killed executor's worker brings another; the runtime is whole again
+        scenario.must(scenario.run("recover"))
+        scenario.catch_up("connect")
+        verdict = scenario.verdict(pg)
+    finally:
+        scenario.drop(pg)
+    assert landed, "no read task was seen running in three epochs"
+    assert paths and all("jvm read path" in line for line in paths), paths
+    assert verdict.violations == []
+    assert all(t.lost == 0 for t in verdict.tallies), verdict.tallies
