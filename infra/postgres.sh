@@ -55,7 +55,8 @@ init_once() {
     as_owner test -w "$ONCEFLOW_PG_DATA" || onceflow_die \
       "the postgres user cannot reach $ONCEFLOW_PG_DATA (a parent folder is private): set ONCEFLOW_PG_DATA to a folder it can reach"
   fi
-  # Loopback only, trust for local development; point ONCEFLOW_PG_DSN at your own server in production.
+  # Loopback only, trust for local development (README says why, and why never in compose); point
+  # ONCEFLOW_PG_DSN at your own server, with a password, anywhere else.
   as_owner "$BINDIR/initdb" -D "$ONCEFLOW_PG_DATA" -U postgres --auth=trust --encoding=UTF8 --no-locale >"$ONCEFLOW_HOME/initdb.log" 2>&1 \
     || { tail -n 20 "$ONCEFLOW_HOME/initdb.log" >&2; onceflow_die "initdb failed"; }
 }

@@ -11,8 +11,8 @@
 # The Connect server answers only clients that present its token (a random one in
 # $ONCEFLOW_SPARK_DATA/connect.token, mode 600, made at the first start), which the printed remote
 # carries (sc://localhost:PORT/;token=...): the pyspark client sends a token without TLS only to
-# "localhost", so the remote names it so when ONCEFLOW_SPARK_HOST is loopback; on another address the
-# server runs without a token (Spark Connect serves no TLS) and says so.
+# "localhost", so the remote names it so; ONCEFLOW_SPARK_HOST must be loopback (any other address is
+# refused: Spark Connect serves no TLS, and the server never runs without its token).
 #   infra/spark.sh stop      stop by pid (SIGTERM, then SIGKILL); `stop --kill` sends SIGKILL at once
 #   infra/spark.sh status    exit 0 when every process runs and the Connect server answers
 set -euo pipefail
@@ -23,18 +23,18 @@ RUN="$ONCEFLOW_SPARK_DATA"
 TOKEN_FILE="$RUN/connect.token"
 case "$ONCEFLOW_SPARK_HOST" in
   127.*|localhost|::1) SHOWN="sc://localhost:$ONCEFLOW_SPARK_CONNECT_PORT" ;;
-  *) SHOWN="sc://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_CONNECT_PORT"; TOKEN_FILE="" ;;
+  *) onceflow_die "ONCEFLOW_SPARK_HOST=$ONCEFLOW_SPARK_HOST is not loopback: the pyspark client sends the Connect server's token without TLS to localhost only, and the server must never run without one" ;;
 esac
 # The remote with its token: printed for eval only, never in a message or a log.
 remote() {
-  if [ -n "$TOKEN_FILE" ] && [ -s "$TOKEN_FILE" ]; then
+  if [ -s "$TOKEN_FILE" ]; then
     printf '%s/;token=%s' "$SHOWN" "$(cat "$TOKEN_FILE")"
   else
     printf '%s' "$SHOWN"
   fi
 }
 make_token() {
-  [ -z "$TOKEN_FILE" ] || [ -s "$TOKEN_FILE" ] && return
+  [ -s "$TOKEN_FILE" ] && return
   (umask 077 && "$ONCEFLOW_SPARK_PYTHON" -c 'import secrets; print(secrets.token_hex(32))' > "$TOKEN_FILE")
 }
 MASTER_URL="spark://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_MASTER_PORT"
@@ -179,13 +179,9 @@ start_connect() {
     onceflow_die "port $ONCEFLOW_SPARK_CONNECT_PORT is taken by another process; set ONCEFLOW_SPARK_CONNECT_PORT"
   fi
   alive connect || onceflow_say "starting the Spark Connect server on $SHOWN (UI on http://$ONCEFLOW_SPARK_HOST:$ONCEFLOW_SPARK_UI_PORT)"
-  if [ -n "$TOKEN_FILE" ]; then
-    # In the server's environment (not its command line, which `ps` shows); unset again below.
-    SPARK_CONNECT_AUTHENTICATE_TOKEN="$(cat "$TOKEN_FILE")"
-    export SPARK_CONNECT_AUTHENTICATE_TOKEN
-  else
-    onceflow_say "ONCEFLOW_SPARK_HOST=$ONCEFLOW_SPARK_HOST is not loopback: the Connect server runs without a token"
-  fi
+  # In the server's environment (not its command line, which `ps` shows); unset again below.
+  SPARK_CONNECT_AUTHENTICATE_TOKEN="$(cat "$TOKEN_FILE")"
+  export SPARK_CONNECT_AUTHENTICATE_TOKEN
   local jar_list setting extra=()
   # Lean: the serial collector, the JVM's own choice on a small machine. G1 committed the whole heap
   # during a 10^6-record epoch and kept it (1.27 GB of PSS at a 768 MB heap); the serial one took 0.8 GB.

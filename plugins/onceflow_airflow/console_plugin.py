@@ -33,6 +33,7 @@ from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request, statu
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from onceflow import redact
 from onceflow.config import Settings
 from onceflow.console import actions, page, read_model
 from onceflow.errors import OnceflowError, one_line
@@ -227,7 +228,7 @@ def act(
             by=f"the epochs console by {user.get_name()}",
         )
     except ValueError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, redact.text(exc)) from None
     code = {"done": 200, "refused": 409, "error": 422}[result.outcome]
     return JSONResponse(result.to_dict(), status_code=code)
 
@@ -302,7 +303,8 @@ def _render_console(request: Request, user: BaseUser, pipeline: str | None, raw:
             dead_letter_filters=letters,
         )
     except (ValueError, OnceflowError) as exc:
-        return page.render_console(None, readable, can_act=False, dag_id="", problem=one_line(exc), **args)
+        problem = redact.text(one_line(exc))
+        return page.render_console(None, readable, can_act=False, dag_id="", problem=problem, **args)
     can_act = _may("PUT", pipeline, request, user)
     return page.render_console(view, readable, can_act=can_act, dag_id=dag_id_of(pipeline), **args)
 

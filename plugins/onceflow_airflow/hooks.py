@@ -22,6 +22,7 @@ from urllib.parse import quote
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from onceflow import redact
 from onceflow.config import Settings
 from onceflow.ledger import Ledger
 
@@ -81,10 +82,8 @@ class OnceflowHook(BaseHook):
         if postgres is not None:
             env["ONCEFLOW_PG_DSN"] = _postgres_url(postgres, "postgresql")
         settings = Settings.from_env(env)
-        from sqlalchemy.engine import make_url
-
-        ledger_url = make_url(settings.ledger_url).render_as_string(hide_password=True)
-        self.log.info("onceflow: ledger %s, Kafka %s", ledger_url, settings.kafka_bootstrap)
+        shown = redact.url(settings.ledger_url)  # SQLAlchemy's hiding misses ?password= and a raw '@'
+        self.log.info("onceflow: ledger %s, Kafka %s", shown, settings.kafka_bootstrap)
         return settings
 
     def get_conn(self) -> Ledger:

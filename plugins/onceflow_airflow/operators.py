@@ -84,7 +84,7 @@ def send_epoch_metrics(ledger: Ledger, spec: Pipeline, run_id: str, bootstrap: s
     try:
         emit(lag_metrics(read_backlog(spec, ledger, bootstrap)))
     except OnceflowError as exc:
-        log.warning("onceflow: lag not sent: %s", exc)
+        log.warning("onceflow: lag not sent: %s", redact.text(exc))
 
 
 def _under_tasks_test() -> bool:
@@ -158,16 +158,18 @@ class _OnceflowOperator(BaseOperator):
     def coordinator(self) -> Iterator[Coordinator]:
         """The pipeline's coordinator over the hook's ledger; a refusal fails the task without retry."""
         hook = self.hook()
-        settings = hook.settings()
-        with hook.get_conn() as ledger:
-            try:
-                yield Coordinator.for_pipeline(self.spec(), ledger, settings, log=self.say)
-            except Refused as refused:
-                failure = AirflowFailException(str(refused))
-                failure.onceflow_refusal = str(refused)  # type: ignore[attr-defined]
-                raise failure from None
-            except SinkCallFailedKnown as known:  # a retried task would fail the same way
-                raise AirflowFailException(str(known)) from known
+        # Airflow logs what a task raises, with its causes: no password may be in any of them.
+        with redact.scrubbed():
+            settings = hook.settings()
+            with hook.get_conn() as ledger:
+                try:
+                    yield Coordinator.for_pipeline(self.spec(), ledger, settings, log=self.say)
+                except Refused as refused:
+                    failure = AirflowFailException(redact.text(refused))
+                    failure.onceflow_refusal = redact.text(refused)  # type: ignore[attr-defined]
+                    raise failure from None
+                except SinkCallFailedKnown as known:  # a retried task would fail the same way
+                    raise AirflowFailException(redact.text(known)) from known
 
 
 class OnceflowRecoverOperator(_OnceflowOperator):
@@ -283,7 +285,8 @@ class OnceflowProcessOperator(SparkSubmitOperator):
         self.onceflow_hook = OnceflowHook(ledger_conn_id, kafka_conn_id, postgres_conn_id)
 
     def execute(self, context: Any) -> None:
-        with timed(load_pipeline(self.pipeline).name, "process", slice=str(self.slice_number)):
+        name = load_pipeline(self.pipeline).name
+        with redact.scrubbed(), timed(name, "process", slice=str(self.slice_number)):
             self._process_slice(context)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
@@ -301,7 +304,7 @@ class OnceflowProcessOperator(SparkSubmitOperator):
             if gate.verdict == "process" and gate.epoch is not None:
                 coordinator.renew_lease(gate.epoch.number)
         if gate.verdict == "aborted":
-            raise AirflowFailException(gate.line)
+            raise AirflowFailException(redact.text(gate.line))
         if gate.verdict == "skip" or gate.epoch is None:
             raise AirflowSkipException(gate.line)
         epoch, why = gate.epoch, gate.line
@@ -313,7 +316,7 @@ class OnceflowProcessOperator(SparkSubmitOperator):
             try:
                 summary = run(spec, epoch.number, self.slice_number, epoch.attempt_token, settings)
             except OnceflowError as exc:  # the epoch is aborted (or the abort task aborts it); replayed next
-                raise AirflowFailException(f"onceflow: {exc}") from exc
+                raise AirflowFailException(redact.text(f"onceflow: {exc}")) from exc
             self.log.info("onceflow: slice %s done: %s", self.slice_number, summary)
             return
         self.log.info("onceflow: %s: spark-submit", why)

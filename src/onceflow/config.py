@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, TypeAlias, cast
 
@@ -31,16 +31,22 @@ EXECUTORS: tuple[Executor, ...] = ("spark", "connect", "submit", "local")
 JsonRead: TypeAlias = Literal["python", "jvm"]
 JSON_READS: tuple[JsonRead, ...] = ("python", "jvm")
 _REGISTRY_SCHEMES = ("http://", "https://", "file:///")
+# The metadata of a field whose value may hold a password or a token: shown through `redact.url` only.
+SECRET = {"secret": True}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Settings:
-    """Where the services are. Values are plain strings so they pass unchanged to subprocesses."""
+    """Where the services are. Values are plain strings so they pass unchanged to subprocesses.
+
+    The fields marked `SECRET` are shown without their passwords and tokens by ``repr`` (and so by any
+    log line or traceback that prints the settings); `as_env` alone gives them whole, to child processes.
+    """
 
     home: Path
     kafka_bootstrap: str
-    pg_dsn: str
-    ledger_url: str
+    pg_dsn: str = field(metadata=SECRET)
+    ledger_url: str = field(metadata=SECRET)
     # How long an epoch's owner counts as alive without renewing its lease (ONCEFLOW_LEASE_S).
     lease_s: float = 120.0
     # Committed epochs each pipeline keeps in the ledger; every retain_epochs/10 epochs a commit deletes
@@ -53,7 +59,7 @@ class Settings:
     # The master of `onceflow run`'s spark-submit (ONCEFLOW_SPARK_MASTER; DAGs use `spark_default`).
     spark_master: str = "local[2]"
     # sc://host:port of a Spark Connect server that runs the slices (ONCEFLOW_SPARK_REMOTE), or None.
-    spark_remote: str | None = None
+    spark_remote: str | None = field(default=None, metadata=SECRET)
     # How slices run (ONCEFLOW_EXECUTOR), see `Executor`; `onceflow run --executor` overrides it.
     executor: Executor = "spark"
     # module:attribute of each pipeline the CLI and the console find by name (ONCEFLOW_PIPELINES).
@@ -61,12 +67,20 @@ class Settings:
     # Where Avro formats find writer schemas by id and subjects' latest schemas
     # (ONCEFLOW_SCHEMA_REGISTRY_URL): http(s):// for a registry server, file:///folder for a folder of
     # schemas (`onceflow.decoding.schema_registry`), or None.
-    schema_registry_url: str | None = None
+    schema_registry_url: str | None = field(default=None, metadata=SECRET)
     # Whether the registry URL's credentials may go over plain http, in clear text
     # (ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH=true); without it such a URL is refused.
     schema_registry_allow_insecure_auth: bool = False
     # Which path reads JSON records in a Spark slice (ONCEFLOW_JSON_READ), see `JsonRead`.
     json_read: JsonRead = "python"
+
+    def __repr__(self) -> str:
+        shown = (
+            f"{f.name}={redact.url(value) if f.metadata.get('secret') and value is not None else value!r}"
+            for f in fields(self)
+            for value in [getattr(self, f.name)]
+        )
+        return f"Settings({', '.join(shown)})"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -110,6 +124,11 @@ class Settings:
                 f"ONCEFLOW_LEDGER_URL={redact.url(self.ledger_url)!r}: expected an SQLAlchemy URL such as "
                 "sqlite:///path/ledger.db or postgresql+psycopg://user:pw@host/db"
             )
+        for name, url in (("ONCEFLOW_PG_DSN", self.pg_dsn), ("ONCEFLOW_LEDGER_URL", self.ledger_url)):
+            if _raw_at(url):  # libpq and SQLAlchemy would take the password's tail for the host name
+                raise ConfigError(
+                    f"{name}={redact.url(url)!r}: its password holds a raw '@': write it as %40"
+                )
         if self.spark_remote is not None and not self.spark_remote.startswith("sc://"):
             raise ConfigError(
                 f"ONCEFLOW_SPARK_REMOTE={redact.url(self.spark_remote)!r} is not a Spark Connect URL: use "
@@ -196,6 +215,14 @@ def _seconds(value: str | None, name: str, default: float) -> float:
     if seconds <= 0:
         raise ConfigError(f"{name}={value!r}: expected a positive number of seconds")
     return seconds
+
+
+def _raw_at(url: str) -> bool:
+    """Whether the authority of ``url`` holds more than one ``@``: an unencoded one in the password."""
+    authority = url.partition("://")[2]
+    for end in "/?#":
+        authority = authority.partition(end)[0]
+    return authority.count("@") > 1
 
 
 def _credentials_over_http(url: str) -> bool:

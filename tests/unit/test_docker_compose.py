@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW_SERVICES = {"airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
 # The interface compose publishes ports on: a container matter, the local scripts bind loopback anyway.
 COMPOSE_ONLY = {"ONCEFLOW_BIND"}
+# The Airflow containers' Spark Connect remote: a setting onceflow reads, not one of the local scripts'.
+COMPOSE_ONLY |= {"ONCEFLOW_SPARK_REMOTE"}
 # What compose refuses to start without, unless the local profile's env file gives it.
 SECRETS = {
     "ONCEFLOW_PG_PASSWORD",
@@ -24,6 +26,7 @@ SECRETS = {
     "AIRFLOW_JWT_SECRET",
     "AIRFLOW_FERNET_KEY",
     "AIRFLOW_API_SECRET_KEY",
+    "SPARK_CONNECT_AUTHENTICATE_TOKEN",
 }
 LOCAL_ENV = ROOT / "docker" / "local.env"
 
@@ -452,9 +455,8 @@ def test_the_spark_connect_server_runs_as_the_local_scripts_run_it(compose) -> N
     env_sh = (ROOT / "infra" / "env.sh").read_text()
     port = re.search(r"ONCEFLOW_SPARK_CONNECT_PORT:-(\d+)", env_sh)
     assert port and connect["ports"][0].endswith(f":${{ONCEFLOW_SPARK_CONNECT_PORT:-{port.group(1)}}}:15002")
-    conn = compose["x-airflow"]["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]
-    assert '"conn_type": "spark_connect"' in conn and '"host": "sc://spark-connect"' in conn
-    assert '"port": 15002' in conn
+    remote = compose["x-airflow"]["environment"]["ONCEFLOW_SPARK_REMOTE"]
+    assert remote.startswith("sc://spark-connect:15002/")
 
 
 def _local_connect_config() -> dict[str, str]:
@@ -676,3 +678,44 @@ def test_the_admin_password_is_the_one_the_user_sets() -> None:
     assert "AIRFLOW__API_AUTH__JWT_SECRET" in init["environment"]  # and the shared settings stay
     script = init["command"][-1]
     assert 'os.environ["AIRFLOW_ADMIN_PASSWORD"]' in script and '"admin": "admin"' not in script
+
+
+@pytest.mark.parametrize("merged", [False, True], ids=["single-broker", "cluster"])
+def test_the_spark_connect_server_answers_only_clients_with_its_token(merged: bool) -> None:
+    """The Connect server runs code with the containers' credentials: it starts only with a token (compose
+    refuses without one), and every Airflow container presents that same token in a way the pyspark
+    client sends without TLS to a host that is not localhost (the gRPC authorization header)."""
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    token = "ab12" * 16
+    raw = _cluster_compose() if merged else _load("docker-compose.yml")
+    services = raw["services"]
+
+    def env_of(name: str, values: dict[str, str]) -> dict[str, str]:
+        return {k: interpolate(str(v), values) for k, v in (services[name].get("environment") or {}).items()}
+
+    given = {**local_env(), "SPARK_CONNECT_AUTHENTICATE_TOKEN": token}
+    assert env_of("spark-connect", given).get("SPARK_CONNECT_AUTHENTICATE_TOKEN") == token
+    without = {k: v for k, v in local_env().items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"}
+    with pytest.raises(ValueError, match="SPARK_CONNECT_AUTHENTICATE_TOKEN"):
+        env_of("spark-connect", without)
+    clients = [n for n, s in services.items() if str(s.get("image", "")).startswith("onceflow/airflow")]
+    assert set(clients) >= AIRFLOW_SERVICES
+    for name in clients:
+        env = env_of(name, given)
+        assert "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT" not in env, name  # pyspark: a token= needs TLS
+        builder = DefaultChannelBuilder(env["ONCEFLOW_SPARK_REMOTE"])
+        assert builder.host == "spark-connect" and not builder.secure, name
+        assert ("authorization", f"Bearer {token}") in list(builder.metadata()), name
+
+
+def test_the_compose_postgres_never_trusts_a_connection() -> None:
+    """The local stack's PostgreSQL trusts loopback (README says why); the compose one is reachable from
+    every container and perhaps other machines: it asks every connection, its own socket's included, for
+    a scram-sha-256 password, and no pg_hba line it writes trusts."""
+    env = render()["services"]["postgres"]["environment"]
+    assert "--auth=scram-sha-256" in env.get("POSTGRES_INITDB_ARGS", "").split()  # else initdb trusts local
+    assert env.get("POSTGRES_HOST_AUTH_METHOD") == "scram-sha-256"
+    assert env.get("POSTGRES_PASSWORD")
+    for name in ("docker-compose.yml", "docker-compose.cluster.yml", "docker/postgres-replication.sh"):
+        assert not re.search(r"\btrust\b", (ROOT / name).read_text()), f"{name} mentions trust"

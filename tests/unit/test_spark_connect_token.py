@@ -29,7 +29,22 @@ def test_the_remote_carries_the_servers_token_to_localhost(tmp_path: Path) -> No
     token_file.write_text("f00d" * 16 + "\n")
     # The pyspark client sends a token without TLS to "localhost" only: the remote must name it so.
     assert remote(tmp_path) == f"sc://localhost:15002/;token={'f00d' * 16}"
-    assert remote(tmp_path, ONCEFLOW_SPARK_HOST="10.1.2.3") == "sc://10.1.2.3:15002"  # no TLS: no token
+
+
+def test_a_connect_server_off_loopback_is_refused_not_started_without_its_token(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+    env.update({"ONCEFLOW_HOME": str(tmp_path), "ONCEFLOW_SPARK_PYTHON": sys.executable})
+    for command in ("env", "start"):
+        done = subprocess.run(
+            ["bash", str(ROOT / "infra" / "spark.sh"), command],
+            env={**env, "ONCEFLOW_SPARK_HOST": "10.1.2.3"},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode != 0 and not done.stdout, done.stdout
+        (line,) = done.stderr.strip().splitlines()  # one line, before anything starts
+        assert "ONCEFLOW_SPARK_HOST=10.1.2.3 is not loopback" in line
+    assert not (tmp_path / "spark" / "connect.token").exists()
 
 
 def test_the_token_is_made_private_and_given_to_the_server_in_its_environment() -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from onceflow import redact
 from onceflow.errors import OnceflowError, one_line
 
 if TYPE_CHECKING:
@@ -47,14 +48,15 @@ class ActionResult:
     log: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        """The console's response: its lines through `redact.text` (an error may quote a sink's DSN)."""
         return {
             "action": self.action,
             "pipeline": self.pipeline,
             "epoch": self.epoch,
             "outcome": self.outcome,
-            "line": self.line,
+            "line": redact.text(self.line),
             "status": self.status,
-            "log": list(self.log),
+            "log": [redact.text(line) for line in self.log],
         }
 
 

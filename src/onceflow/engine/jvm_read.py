@@ -194,8 +194,8 @@ def _rejected_udf(ref: SliceRef, schema: Any) -> Any:
 
     fmt, limit = ref.pipeline.format, ref.pipeline.max_record_bytes
     out = arrow_schema(schema)
-    registry_url = ref.settings.schema_registry_url
-    insecure = ref.settings.schema_registry_allow_insecure_auth
+    registry_url = ref.task.schema_registry_url
+    insecure = ref.task.schema_registry_allow_insecure_auth
 
     def decode(raw: Any) -> Any:
         return decode_rejected_column(raw, fmt, limit, out, registry_url, insecure)

@@ -64,7 +64,7 @@ def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Decode
         reason = "a fault plan is armed"
     elif isinstance(fmt, JsonFormat | AvroFormat) and fmt.changes is not None:
         reason = "change events are read in Python"
-    elif isinstance(fmt, JsonFormat) and ref.settings.json_read == "python":
+    elif isinstance(fmt, JsonFormat) and ref.task.json_read == "python":
         reason = "ONCEFLOW_JSON_READ=python, the default"
     elif isinstance(fmt, JsonFormat) and reserved_field_name(fmt):
         reason = "a schema field name holds U+0001"
@@ -72,7 +72,7 @@ def decoded_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Decode
         reason = f"the schema has a field of type {kept}, which the JVM checks do not decode"
     elif isinstance(fmt, AvroFormat):
         registry = (
-            registry_for(ref.settings.schema_registry_url, ref.settings.schema_registry_allow_insecure_auth)
+            registry_for(ref.task.schema_registry_url, ref.task.schema_registry_allow_insecure_auth)
             if fmt.wire == "registry"
             else None
         )

@@ -35,7 +35,7 @@ def task_decoder(ref: SliceRef) -> RowDecoder:
     deployment's schema registry."""
     spec = ref.pipeline
     registry = (
-        registry_for(ref.settings.schema_registry_url, ref.settings.schema_registry_allow_insecure_auth)
+        registry_for(ref.task.schema_registry_url, ref.task.schema_registry_allow_insecure_auth)
         if isinstance(spec.format, AvroFormat)
         else None
     )

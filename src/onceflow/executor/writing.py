@@ -114,7 +114,7 @@ def write_task_sinks(
     try:
         for sink, columns in sinks:
             kind = sink_kind(sink.kind)
-            writer = kind.build_writer(kind.config_for(sink, ref.settings))
+            writer = kind.build_writer(ref.task.sink_config(sink))
             writers.append((sink, columns, writer))
             writer.begin(_context(ref, sink, task_id, attempt))
         for batch in batches:
@@ -168,7 +168,7 @@ def _stage(
     """
     # 1.
     kind = sink_kind(sink.kind)
-    writer = kind.build_writer(kind.config_for(sink, ref.settings))
+    writer = kind.build_writer(ref.task.sink_config(sink))
     try:
         writer.begin(_context(ref, sink, task_id, attempt))
         # 2.

@@ -77,6 +77,12 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def shown_url(engine: Engine) -> str:
+    """The ledger's URL as a message may show it: SQLAlchemy's own hiding leaves a ``?password=`` and
+    the tail of a password with a raw ``@`` in sight, `redact.url` hides them too."""
+    return redact.url(engine.url.render_as_string(hide_password=False))
+
+
 def probe(engine: Engine) -> None:
     """Open one connection now, so that an unreachable or missing database is one clear line here and
     not a driver traceback from the first query."""
@@ -84,7 +90,7 @@ def probe(engine: Engine) -> None:
         with engine.connect():
             pass
     except DBAPIError as exc:
-        where = engine.url.render_as_string(hide_password=True)
+        where = shown_url(engine)
         raise LedgerUnavailable(
             f"cannot open the ledger at {where} ({redact.text(one_line(exc.orig))}): check "
             "ONCEFLOW_LEDGER_URL (or --ledger-url, or the onceflow_ledger connection) and that its "
@@ -112,7 +118,7 @@ def current_revision(engine: Engine) -> str | None:
 
 def check_schema(engine: Engine) -> None:
     """Raise `SchemaMismatch` unless the database is at exactly the revision this code expects."""
-    where = engine.url.render_as_string(hide_password=True)
+    where = shown_url(engine)
     current = current_revision(engine)
     head = head_revision()
     if current == head:
@@ -139,6 +145,6 @@ def upgrade(engine: Engine) -> None:
             command.upgrade(_alembic_config(conn), "head")
         except CommandError as exc:
             raise SchemaMismatch(
-                f"cannot upgrade the ledger at {engine.url.render_as_string(hide_password=True)}: "
+                f"cannot upgrade the ledger at {shown_url(engine)}: "
                 f"{redact.text(exc)} (was it made by a newer onceflow?)"
             ) from exc
