@@ -547,7 +547,8 @@ class Pipeline:
     Limits: ``max_records_per_partition`` bounds an epoch's range per partition (in offsets),
     ``max_records_per_task`` the span of one Spark read task, ``max_record_bytes`` the key plus value size
     of one record (larger records are dead-lettered), ``transaction_timeout_s`` how long staged
-    transactions may stay open.
+    transactions may stay open (and so how long a slice may run), ``max_dead_letters_per_epoch`` how
+    many dead letters an epoch may keep: past it the epoch aborts, its range is replayed by the next run.
 
     ``on_rerun`` decides what re-running a data interval that already committed does: "skip" (default)
     does nothing and says so; "replace" processes the interval's ranges again and replaces its earlier
@@ -566,6 +567,7 @@ class Pipeline:
     max_records_per_task: int = 50_000
     max_record_bytes: int = 1_048_576
     transaction_timeout_s: int = 900
+    max_dead_letters_per_epoch: int = 10_000
     on_rerun: OnRerun = "skip"
 
     def __post_init__(self) -> None:
@@ -631,6 +633,7 @@ class Pipeline:
             "max_records_per_task",
             "max_record_bytes",
             "transaction_timeout_s",
+            "max_dead_letters_per_epoch",
         ):
             _positive_int(name, getattr(self, name))
 
@@ -696,6 +699,7 @@ class Pipeline:
             "max_records_per_task": self.max_records_per_task,
             "max_record_bytes": self.max_record_bytes,
             "transaction_timeout_s": self.transaction_timeout_s,
+            "max_dead_letters_per_epoch": self.max_dead_letters_per_epoch,
             "on_rerun": self.on_rerun,
         }
 
@@ -794,6 +798,7 @@ _OPTIONAL_KEYS = frozenset(
         "max_records_per_task",
         "max_record_bytes",
         "transaction_timeout_s",
+        "max_dead_letters_per_epoch",
         "on_rerun",
     }
 )

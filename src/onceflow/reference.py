@@ -23,7 +23,7 @@ from pathlib import Path
 from onceflow.decoding.records import DEAD_LETTER_CODES, REASON_CHARS, row_columns, spark_schema
 from onceflow.errors import ConfigError
 from onceflow.pipeline import FIELD_TYPES, METADATA_COLUMNS, PIPELINE_NAME_CHARS, JsonFormat, Pipeline
-from onceflow.sinks.registry import SinkKind, SinkSetting, known_kinds, sink_kind
+from onceflow.sinks.registry import SinkKind, SinkSetting, kind_module, known_kinds, sink_kind
 
 # The file that holds the tables, relative to the checkout (where the command is run).
 DOCUMENT = Path("docs/configuration.md")
@@ -94,8 +94,12 @@ _PIPELINE_ARGS = {
     "max_records_per_task": "offsets one read task covers, at most",
     "max_record_bytes": "key plus value size above which a record is a dead letter (`oversized`)",
     "transaction_timeout_s": "how long staged transactions may stay open, and so the longest a slice may "
-    "run (a hung spark-submit is killed with its JVM and workers and the epoch aborted; a DAG's process "
-    "tasks get it as `execution_timeout`)",
+    "run, on every path: past it the epoch is aborted and replayed by the next run (a hung spark-submit is "
+    "killed with its JVM and workers; `onceflow run` interrupts a Spark Connect slice's jobs and leaves a "
+    "local one; a DAG's process tasks get it as `execution_timeout`)",
+    "max_dead_letters_per_epoch": "dead letters an epoch may keep, at most: past it the epoch aborts with "
+    "one line saying how many, nothing of it is committed and the next run replays its range (fix the "
+    "input, or raise the bound)",
     "on_rerun": "re-running a committed data interval: `skip`, or `replace` its output",
 }
 
@@ -131,7 +135,7 @@ def _setting_default(setting: SinkSetting) -> str:
 
 
 def _kind_summary(kind: SinkKind) -> str:
-    module = importlib.import_module(f"onceflow.sinks.{kind.name}")
+    module = importlib.import_module(kind_module(kind.name))
     first = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
     traits = [kind.guarantee.replace("_", "-"), "writes directly" if kind.direct else "staged until commit"]
     if kind.replaceable:

@@ -93,7 +93,7 @@ def test_unknown_pipeline_or_epoch_is_one_line_and_exit_1(
 
 @pytest.mark.parametrize(
     "args",
-    [["dead-letters"], ["dead-letters", P, "--epoch", "one"], ["dead-letters", P, "--limit", "3"]],
+    [["dead-letters"], ["dead-letters", P, "--epoch", "one"], ["dead-letters", P, "--limit", "three"]],
 )
 def test_bad_usage_exits_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:

@@ -371,7 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     debug = args.debug or debug_enabled()
     if debug:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        handler = logging.StreamHandler()  # libraries' lines may quote a URL: through redact too
+        handler.setFormatter(redact.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logging.basicConfig(level=logging.INFO, handlers=[handler])
         logging.getLogger(LOGGER_NAME).setLevel(logging.DEBUG)
     try:
         return run(args)
@@ -387,8 +389,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(line: str, code: int, debug: bool) -> int:
-    if debug:
-        traceback.print_exc()
+    if debug:  # the traceback quotes the messages of every cause, a driver's among them
+        print(redact.text(traceback.format_exc()), end="", file=sys.stderr)
     print(f"onceflow: {redact.text(line)}", file=sys.stderr)  # a library's message may quote a URL
     return code
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from onceflow import redact
 from onceflow.errors import OnceflowError
 from onceflow.monitoring import dead_letters
 
@@ -104,7 +105,7 @@ def epoch_of_run(ledger: Ledger, pipeline: str, run_id: str, now: datetime) -> d
     if epoch is None:
         return None
     view = epoch_view(ledger, epoch, now)
-    view["dead_letters"] = len(ledger.dead_letters(pipeline, epoch=epoch.number, include_uncommitted=True))
+    view["dead_letters"] = ledger.dead_letter_count(pipeline, epoch=epoch.number, include_uncommitted=True)
     return view
 
 
@@ -205,7 +206,7 @@ def lag_view(
         try:
             ends = backlog(spec, committed, bootstrap, timeout)
         except OnceflowError as exc:
-            kafka = f"lag unknown: {exc}"
+            kafka = f"lag unknown: {redact.text(exc)}"
     partitions = [
         {
             "topic": topic,

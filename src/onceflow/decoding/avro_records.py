@@ -3,6 +3,9 @@
 Runs wherever records are decoded (the local executor, spark-submit tasks, the warm runtime's Python
 workers), so it imports nothing of the ledger or the coordinator. Writer schemas are looked up by id
 once per process (`_WRITERS`): a registry round trip per record would cost more than the decode.
+An id the registry refused is remembered too (`_FAILED`, bounded, for a while), and each decoder asks the
+registry at most `MAX_LOOKUPS_PER_TASK` times: a flood of distinct unknown ids, from a broken or hostile
+producer, costs a few calls, and its records become dead letters with their reason.
 Avro's schema resolution (fields added with a default, fields removed, int widened to long or float
 to double) is fastavro's; what this module adds is telling apart why a record could not be read.
 """
@@ -13,6 +16,9 @@ import dataclasses
 import io
 import json
 import re
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +40,17 @@ _Fixer = Callable[[str, Any], Any]
 
 # Parsed writer schemas by (registry's cache key, id), for this process: ids are immutable in a registry.
 _WRITERS: dict[tuple[str, int], Any] = {}
+# Ids the registry refused (unknown, or not a usable schema), by (cache key, id), with their reason and
+# when they were refused, for this process: at most `MAX_FAILED_IDS`, the oldest forgotten first, each
+# for `FAILED_ID_TTL_S` (a registry may learn an id later, e.g. a replica catching up).
+_FAILED: OrderedDict[tuple[str, int], tuple[float, tuple[str, str]]] = OrderedDict()
+_FAILED_LOCK = threading.Lock()
+MAX_FAILED_IDS = 10_000
+FAILED_ID_TTL_S = 300.0
+# Registry calls one decoder (one task) makes at most: a topic has a handful of writer schemas, so more
+# distinct ids than this in one task is a flood; its records past the cap are dead letters
+# (``unknown_schema_id``, saying that the id was not looked up).
+MAX_LOOKUPS_PER_TASK = 64
 # One registry client per URL and process, so every task of a Python worker shares one.
 _REGISTRIES: dict[tuple[str, bool], SchemaRegistry] = {}
 
@@ -113,6 +130,7 @@ class AvroDecoder:
             )
         # Ids whose schema this decoder could not use, with the reason: asked once, not once per record.
         self._rejected: dict[int, tuple[str, str]] = {}
+        self.lookups = 0  # registry calls made by this decoder, at most `MAX_LOOKUPS_PER_TASK`
 
     def values(self, value: bytes) -> list[Any]:
         """The reader schema's field values of one record value; `AvroReject` when it has none."""
@@ -176,16 +194,19 @@ class AvroDecoder:
 
     def _key_record(self, key: bytes | None) -> dict[str, Any] | None:
         """The record key's fields, where it is Avro in the registry's wire format (Debezium's)."""
-        from fastavro import parse_schema, schemaless_reader
+        from fastavro import schemaless_reader
 
         if key is None or self.registry is None or len(key) < WIRE_HEADER.size or key[0] != MAGIC_BYTE:
             return None
         _, schema_id = WIRE_HEADER.unpack_from(key)
         try:
-            schema = parse_schema(json.loads(self.registry.schema_by_id(schema_id)))
+            schema = self._writer(schema_id)  # cached and capped as the values' writer schemas are
+        except AvroReject as rejected:
+            if rejected.reason.startswith("unknown_schema_id:"):
+                return None
+            raise
+        try:
             record = schemaless_reader(io.BytesIO(key[WIRE_HEADER.size :]), schema, None)
-        except SchemaNotFound:
-            return None
         except Exception as exc:  # the key does not decode with its own writer schema
             raise AvroReject("malformed_change", f"the key does not decode ({_short(exc)})") from exc
         return record if isinstance(record, dict) else None
@@ -196,17 +217,24 @@ class AvroDecoder:
             parsed = _WRITERS.get((self.cache_key, schema_id))
         if parsed is not None:
             return parsed
-        if schema_id in self._rejected:
-            raise AvroReject(*self._rejected[schema_id])
+        refused = self._rejected.get(schema_id) or self._failed_before(schema_id)
+        if refused is not None:
+            self._rejected[schema_id] = refused
+            raise AvroReject(*refused)
+        if self.lookups >= MAX_LOOKUPS_PER_TASK:
+            raise AvroReject(
+                "unknown_schema_id",
+                f"schema id {schema_id} not looked up: this task already asked the schema registry "
+                f"for {MAX_LOOKUPS_PER_TASK} ids, the most one task asks",
+            )
         assert self.registry is not None
+        self.lookups += 1
         try:
             text = self.registry.schema_by_id(schema_id)  # RegistryUnavailable propagates: the epoch aborts
         except SchemaNotFound as exc:
-            self._rejected[schema_id] = (
-                "unknown_schema_id",
-                f"the schema registry has no schema id {schema_id}",
-            )
-            raise AvroReject(*self._rejected[schema_id]) from exc
+            refused = ("unknown_schema_id", f"the schema registry has no schema id {schema_id}")
+            self._refuse(schema_id, refused)
+            raise AvroReject(*refused) from exc
         from fastavro import parse_schema
 
         try:
@@ -214,16 +242,42 @@ class AvroDecoder:
             parsed = parse_schema(written)
         except Exception as exc:  # a registry may hold a schema fastavro cannot use
             detail = f"writer schema id {schema_id} is not a usable Avro schema ({_short(exc)})"
-            self._rejected[schema_id] = ("incompatible_schema", detail)
-            raise AvroReject(*self._rejected[schema_id]) from exc
+            refused = ("incompatible_schema", detail)
+            self._refuse(schema_id, refused)
+            raise AvroReject(*refused) from exc
         refused = _refused_writer(written, f"id {schema_id}")
         if refused is not None:
-            self._rejected[schema_id] = refused
+            self._refuse(schema_id, refused)
             raise AvroReject(*refused)
         self._writers[schema_id] = parsed
         if self.cache_key is not None:
             _WRITERS[(self.cache_key, schema_id)] = parsed
         return parsed
+
+    def _failed_before(self, schema_id: int) -> tuple[str, str] | None:
+        """Why this process's registry refused ``schema_id`` lately, if it did."""
+        if self.cache_key is None:
+            return None
+        key = (self.cache_key, schema_id)
+        with _FAILED_LOCK:
+            found = _FAILED.get(key)
+            if found is None:
+                return None
+            if time.monotonic() - found[0] > FAILED_ID_TTL_S:
+                del _FAILED[key]
+                return None
+            return found[1]
+
+    def _refuse(self, schema_id: int, reason: tuple[str, str]) -> None:
+        """Remember a refused id in this decoder and, bounded, in this process."""
+        self._rejected[schema_id] = reason
+        if self.cache_key is None:
+            return
+        with _FAILED_LOCK:
+            _FAILED[(self.cache_key, schema_id)] = (time.monotonic(), reason)
+            _FAILED.move_to_end((self.cache_key, schema_id))
+            while len(_FAILED) > MAX_FAILED_IDS:
+                _FAILED.popitem(last=False)
 
     def _read(self, body: bytes | memoryview, writer: Any, reader: Any, which: str) -> dict[str, Any]:
         from fastavro import schemaless_reader

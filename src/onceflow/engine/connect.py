@@ -321,6 +321,19 @@ def server_unreachable(exc: BaseException) -> bool:
     return "StatusCode.UNAVAILABLE" in str(exc)
 
 
+# The session of each slice running in this process, by its tag: what `interrupt_slice` stops.
+_RUNNING: dict[str, Any] = {}
+
+
+def interrupt_slice(tag: str) -> None:
+    """Interrupt the queries of the slice tagged ``tag`` (`slice_tag`), if it runs here: its deadline
+    passed, and the thread that waits for them is abandoned."""
+    spark = _RUNNING.get(tag)
+    if spark is not None:
+        stopped = spark.interruptTag(tag)
+        log(f"{tag}: past its deadline, {len(stopped)} queries interrupted")
+
+
 def connect_sessions(remote: str, modules: list[str], attempt_token: str) -> SessionFor:
     """Sessions for `slice_job.run_slice` on the Spark Connect server at ``remote``: the warm session,
     with the pipeline's modules added and the slice's queries tagged."""
@@ -337,12 +350,14 @@ def connect_sessions(remote: str, modules: list[str], attempt_token: str) -> Ses
         spark = warm.session
         tag = slice_tag(spec.name, ref.epoch, ref.slice, attempt_token)
         spark.addTag(tag)
+        _RUNNING[tag] = spark
         try:
             yield spark
         except BaseException as failure:
             _interrupt(remote, spark, tag, failure)
             raise
         finally:
+            _RUNNING.pop(tag, None)
             with suppress(Exception):  # a client already closed by _interrupt
                 spark.removeTag(tag)
 

@@ -7,7 +7,8 @@ never rolls it back.
 Slices run on Spark through a long-lived Spark Connect server when the settings name one
 (``spark_remote``; ``executor="connect"`` insists on it), through one spark-submit per slice otherwise
 (``executor="submit"`` insists on that), or in this process without Spark (``executor="local"``); see
-`onceflow.engine.executors`, which the DAG's process task asks too.
+`onceflow.engine.executors`, which the DAG's process task asks too. Every way, a slice runs at most the
+pipeline's ``transaction_timeout_s`` (`onceflow.engine.deadline`); past it the epoch is aborted.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 
 from onceflow.config import Settings
-from onceflow.engine.connect import connect_sessions, pipeline_modules
+from onceflow.engine.connect import connect_sessions, interrupt_slice, pipeline_modules, slice_tag
+from onceflow.engine.deadline import within
 from onceflow.engine.executors import Executor, SliceRunner, slice_runner_for
 from onceflow.engine.failures import cause_in_output, failure_line
 from onceflow.engine.local_slice import check_local, run_slice_local
@@ -128,19 +131,27 @@ def run_epoch(
         if runner == "connect":  # one warm session for every slice, the pipeline's modules bundled once
             assert remote is not None
             sessions = connect_sessions(remote, pipeline_modules(spec, pipeline_path), epoch.attempt_token)
+        timeout_s, token = spec.transaction_timeout_s, epoch.attempt_token
         with coordinator.renewing_lease(epoch.number):
             for slice_number in planned.slices_with_tasks:
+                what = f"slice {slice_number} of epoch {epoch.number}"
                 if runner == "local":
+                    local = partial(run_slice_local, spec, epoch.number, slice_number, token, settings)
                     try:
-                        run_slice_local(spec, epoch.number, slice_number, epoch.attempt_token, settings)
+                        within(timeout_s, what, local)
                     except OnceflowError as exc:
-                        failures.append(f"slice {slice_number} failed: {exc}")
+                        timed_out = isinstance(exc, SliceTimedOut)
+                        failures.append(str(exc) if timed_out else f"slice {slice_number} failed: {exc}")
                     continue
                 if runner == "connect":
+                    warm = partial(
+                        run_slice, spec, epoch.number, slice_number, token, settings, session=sessions
+                    )
+                    tag = slice_tag(spec.name, epoch.number, slice_number, token)
                     try:
-                        run_slice(
-                            spec, epoch.number, slice_number, epoch.attempt_token, settings, session=sessions
-                        )
+                        within(timeout_s, what, warm, on_expiry=partial(interrupt_slice, tag))
+                    except SliceTimedOut as exc:
+                        failures.append(str(exc))
                     except Exception as exc:  # what a failed spark-submit reports by its exit status
                         failures.append(f"slice {slice_number} failed: {failure_line(exc)}")
                     continue

@@ -22,7 +22,8 @@ Steps:
 6. Pre-commit the slice: register every committable and dead letter in one ledger transaction, which
    accepts one attempt per (sink, task); roll back the attempts that lost or never reported. A refusal
    (the epoch was aborted or re-planned) rolls back the whole slice and fails the job, so that the
-   orchestrator aborts the epoch.
+   orchestrator aborts the epoch. So does an epoch that would keep more than the pipeline's
+   ``max_dead_letters_per_epoch`` dead letters: it is aborted here, in one line, and replayed later.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
+from onceflow import redact
 from onceflow.config import Settings
 from onceflow.decoding.avro_records import pinned
 from onceflow.decoding.records import DeadLetter
@@ -121,6 +123,15 @@ def precommit_slice(
 ) -> dict[str, Any]:
     """Step 6, shared by the Spark job and the local executor; returns the slice's summary."""
     crash_point("slice_after_tasks")
+    spec = coordinator.spec
+    assert spec is not None
+    if dead_letters:
+        # Counted before anything is kept: the letters kept already (other slices, an earlier run of
+        # this one) and this slice's new ones. Slices pre-committing at the same moment each check
+        # their own sum, so the bound is exact for one slice and may be passed by concurrent ones.
+        total = coordinator.ledger.dead_letters_with(spec.name, epoch.number, dead_letters)
+        if total > spec.max_dead_letters_per_epoch:
+            raise too_many_dead_letters(coordinator, epoch, reports, total, spec.max_dead_letters_per_epoch)
     try:
         done = coordinator.precommit_slice(
             epoch,
@@ -192,6 +203,27 @@ def run_slice(
         return precommit_slice(coordinator, slice_number, epoch, attempt_token, reports, dead, task_ids)
 
 
+def too_many_dead_letters(
+    coordinator: Coordinator, epoch: Epoch, reports: Sequence[TaskReport], total: int, bound: int
+) -> SliceFailed:
+    """Past the pipeline's bound of dead letters: roll back what the slice staged, abort the epoch with
+    one line that says how many and why, and fail the slice. Nothing of the epoch was committed, so its
+    range is replayed by the next run: a user fixes the input, or raises the bound, meanwhile."""
+    line = (
+        f"{total:,} dead letters in epoch {epoch.number} of {coordinator.pipeline!r}, more than its "
+        f"max_dead_letters_per_epoch ({bound:,}): the epoch is aborted, nothing of it committed, and the "
+        "next run replays its range (fix the input, or raise the bound)"
+    )
+    staged = [r.to_committable() for r in reports]
+    try:
+        for sink in sorted({c.sink for c in staged}):
+            coordinator.committers[sink].abort([c for c in staged if c.sink == sink])
+        coordinator.abort(number=epoch.number, reason=line)
+    except Exception as failed:  # the sweeper and recovery finish what is left; the cause still travels
+        log(f"could not abort {epoch} ({failure_line(failed)})")
+    return SliceFailed(line)
+
+
 def _failed(coordinator: Coordinator, epoch: Epoch, slice_number: int, exc: Exception) -> SliceFailed:
     """A slice cannot pre-commit once its processing raised, so its epoch cannot commit: abort it now,
     with the first exception of the transform or sink (and its frame) as the reason, where the runner,
@@ -258,10 +290,16 @@ def process_on_spark(
 
     cached = read.frame.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        dead = [
-            DeadLetter.from_json(r[0])
-            for r in cached.where(dead_column.isNotNull()).select(dead_column).collect()
-        ]
+        letters = cached.where(dead_column.isNotNull()).select(dead_column)
+        # Never more than the epoch may keep, plus one (which makes the slice fail in step 6).
+        bound = spec.max_dead_letters_per_epoch
+        dead = [DeadLetter.from_json(r[0]) for r in letters.limit(bound + 1).collect()]
+        if len(dead) > bound:
+            raise SliceFailed(
+                f"{letters.count():,} dead letters in slice {ref.slice} of epoch {ref.epoch}, more than "
+                f"max_dead_letters_per_epoch ({bound:,}): the epoch is aborted, nothing of it committed, "
+                "and the next run replays its range (fix the input, or raise the bound)"
+            )
         log(
             f"slice {ref.slice}: read offsets {offsets:,} ({len(dead)} dead letters) in "
             f"{time.monotonic() - started:.1f} s"
@@ -417,8 +455,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_slice(spec, args.epoch, args.slice, args.attempt_token, Settings.from_env())
     except OnceflowError as exc:
         if exc.__cause__ is not None:  # the whole traceback for the task log; the cause line comes last
-            traceback.print_exception(exc.__cause__, file=sys.stderr)
-        log(f"failed: {exc}")
+            shown = redact.text("".join(traceback.format_exception(exc.__cause__)))
+            print(shown, end="", file=sys.stderr)
+        log(redact.text(f"failed: {exc}"))
         return 1
     print(json.dumps(summary))
     return 0

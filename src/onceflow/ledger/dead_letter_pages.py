@@ -1,4 +1,7 @@
-"""A pipeline's dead letters in the ledger: kept with a slice's pre-commits, read back whole, and paged.
+"""A pipeline's dead letters in the ledger: kept with a slice's pre-commits, counted, read back, paged.
+
+Counting never reads a payload (`count`, `total_with`): an epoch's report, its metrics and the console
+count in SQL, and whole letters are read a page at a time (`stored` with ``limit``).
 
 A page lists committed dead letters, filtered, counted and paged in the database. It shows each letter's
 position, reason and the previews of its key and value; it reads only a prefix of each payload (enough
@@ -40,6 +43,7 @@ class DeadLetterSummary:
     value_prefix: bytes | None
     value_size: int | None
     created_at: datetime
+    value_kept: int | None = None  # bytes of the value the letter keeps (its prefix may be shorter)
 
     @property
     def code(self) -> str:
@@ -93,23 +97,58 @@ def add(s: Session, pipeline: str, number: int, letters: Sequence[DeadLetter]) -
     return added
 
 
-def stored(
-    s: Session, pipeline: str, *, epoch: int | None = None, include_uncommitted: bool = False
-) -> list[StoredDeadLetter]:
-    """Whole dead letters with their payloads, in position order; committed epochs' only unless asked."""
-    stmt = (
-        select(DeadLetterRow)
-        .join(
-            EpochRow,
-            (EpochRow.pipeline == DeadLetterRow.pipeline) & (EpochRow.epoch == DeadLetterRow.epoch),
-        )
-        .where(DeadLetterRow.pipeline == pipeline)
-        .order_by(DeadLetterRow.epoch, DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset)
-    )
+def total_with(s: Session, pipeline: str, number: int, letters: Sequence[DeadLetter]) -> int:
+    """How many dead letters epoch ``number`` holds once ``letters`` are added: those kept already (by
+    other slices, or by an earlier run of this one) plus the new ones. Reads positions, no payload."""
+    have = {
+        (t, p, o)
+        for t, p, o in s.execute(
+            select(DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset).where(
+                DeadLetterRow.pipeline == pipeline, DeadLetterRow.epoch == number
+            )
+        ).all()
+    }
+    return len(have | {(d.topic, d.partition, d.offset) for d in letters})
+
+
+def _scope(stmt: Any, pipeline: str, epoch: int | None, include_uncommitted: bool) -> Any:
+    """``stmt`` narrowed to the pipeline's dead letters (one epoch's if given), committed epochs' only
+    unless ``include_uncommitted``."""
+    stmt = stmt.where(DeadLetterRow.pipeline == pipeline)
     if epoch is not None:
         stmt = stmt.where(DeadLetterRow.epoch == epoch)
     if not include_uncommitted:
-        stmt = stmt.where(EpochRow.status == EpochStatus.COMMITTED.value)
+        stmt = stmt.join(
+            EpochRow,
+            (EpochRow.pipeline == DeadLetterRow.pipeline) & (EpochRow.epoch == DeadLetterRow.epoch),
+        ).where(EpochRow.status == EpochStatus.COMMITTED.value)
+    return stmt
+
+
+def count(s: Session, pipeline: str, *, epoch: int | None = None, include_uncommitted: bool = False) -> int:
+    """How many dead letters `stored` would return, counted in the database."""
+    stmt = _scope(select(func.count()).select_from(DeadLetterRow), pipeline, epoch, include_uncommitted)
+    return int(s.execute(stmt).scalar_one())
+
+
+def stored(
+    s: Session,
+    pipeline: str,
+    *,
+    epoch: int | None = None,
+    include_uncommitted: bool = False,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[StoredDeadLetter]:
+    """Whole dead letters with their payloads, in position order; committed epochs' only unless asked;
+    at most ``limit`` of them from ``offset`` on."""
+    stmt = _scope(select(DeadLetterRow), pipeline, epoch, include_uncommitted).order_by(
+        DeadLetterRow.epoch, DeadLetterRow.topic, DeadLetterRow.partition, DeadLetterRow.offset
+    )
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    if offset:
+        stmt = stmt.offset(offset)
     return [
         StoredDeadLetter(
             pipeline=r.pipeline,
@@ -148,7 +187,9 @@ def page(
     text: str | None = None,
     limit: int = 200,
     offset: int = 0,
+    oldest_first: bool = False,
 ) -> DeadLetterPage:
+    """The page: newest epoch first (the console), or oldest first (``onceflow dead-letters``)."""
     d = DeadLetterRow
     where = [
         d.pipeline == pipeline,
@@ -186,10 +227,11 @@ def page(
             func.substr(d.value, 1, PREFIX_BYTES),
             func.coalesce(d.value_size, func.length(d.value)),
             d.created_at,
+            func.length(d.value),
         )
         .join(EpochRow, joined)
         .where(*where)
-        .order_by(d.epoch.desc(), d.topic, d.partition, d.offset)
+        .order_by(d.epoch if oldest_first else d.epoch.desc(), d.topic, d.partition, d.offset)
         .limit(limit)
         .offset(offset)
     ).all()
@@ -205,6 +247,7 @@ def page(
             value_prefix=None if r[7] is None else bytes(r[7]),
             value_size=r[8],
             created_at=r[9],
+            value_kept=r[10],
         )
         for r in rows
     ]

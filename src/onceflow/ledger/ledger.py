@@ -131,7 +131,7 @@ class Ledger:
 
     @property
     def url(self) -> str:
-        return self.engine.url.render_as_string(hide_password=True)
+        return schema.shown_url(self.engine)  # for messages: no password in any form
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -714,10 +714,38 @@ class Ledger:
     # ---------------------------------------------------------------------------------- dead letters
 
     def dead_letters(
-        self, pipeline: str, *, epoch: int | None = None, include_uncommitted: bool = False
+        self,
+        pipeline: str,
+        *,
+        epoch: int | None = None,
+        include_uncommitted: bool = False,
+        limit: int | None = None,
+        offset: int = 0,
     ) -> list[StoredDeadLetter]:
+        """Whole dead letters, payloads included, in epoch and position order (at most ``limit`` from
+        ``offset`` on): for the few a page shows; `dead_letter_count` counts them."""
         with self._tx() as s:
-            return dead_letter_pages.stored(s, pipeline, epoch=epoch, include_uncommitted=include_uncommitted)
+            return dead_letter_pages.stored(
+                s,
+                pipeline,
+                epoch=epoch,
+                include_uncommitted=include_uncommitted,
+                limit=limit,
+                offset=offset,
+            )
+
+    def dead_letter_count(
+        self, pipeline: str, *, epoch: int | None = None, include_uncommitted: bool = False
+    ) -> int:
+        """How many dead letters `dead_letters` would return, counted in SQL without their payloads."""
+        with self._tx() as s:
+            return dead_letter_pages.count(s, pipeline, epoch=epoch, include_uncommitted=include_uncommitted)
+
+    def dead_letters_with(self, pipeline: str, number: int, letters: Sequence[DeadLetter]) -> int:
+        """How many dead letters epoch ``number`` would hold with ``letters`` added (those kept already
+        counted once): what `max_dead_letters_per_epoch` bounds, checked before the letters are kept."""
+        with self._tx() as s:
+            return dead_letter_pages.total_with(s, pipeline, number, letters)
 
     def dead_letter_page(
         self,
@@ -728,13 +756,22 @@ class Ledger:
         text: str | None = None,
         limit: int = 200,
         offset: int = 0,
+        oldest_first: bool = False,
     ) -> dead_letter_pages.DeadLetterPage:
         """One page of the committed dead letters, filtered and counted in the database without their
         payloads (see `onceflow.ledger.dead_letter_pages`): what a list of them needs, however many."""
         dialect = self.engine.dialect.name
         with self._tx() as s:
             return dead_letter_pages.page(
-                s, dialect, pipeline, epoch=epoch, code=code, text=text, limit=limit, offset=offset
+                s,
+                dialect,
+                pipeline,
+                epoch=epoch,
+                code=code,
+                text=text,
+                limit=limit,
+                offset=offset,
+                oldest_first=oldest_first,
             )
 
     # ------------------------------------------------------------------------------------- retention

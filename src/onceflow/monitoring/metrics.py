@@ -65,10 +65,10 @@ def epoch_metrics(ledger: Ledger, epoch: Epoch) -> list[Metric]:
     rows: dict[str, int] = {}
     for p in ledger.participants(pipeline, epoch.number):
         rows[p.sink] = rows.get(p.sink, 0) + p.record_count
-    letters = ledger.dead_letters(pipeline, epoch=epoch.number)
+    letters = ledger.dead_letter_count(pipeline, epoch=epoch.number)  # counted in SQL, not loaded
     metrics += [
         Metric(metric_name(pipeline, "offsets"), "count", sum(r.span for r in epoch.ranges), tags),
-        Metric(metric_name(pipeline, "dead_letters"), "count", len(letters), tags),
+        Metric(metric_name(pipeline, "dead_letters"), "count", letters, tags),
         *(
             Metric(metric_name(pipeline, "rows", sink), "count", count, {**tags, "sink": sink})
             for sink, count in sorted(rows.items())

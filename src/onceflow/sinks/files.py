@@ -12,7 +12,8 @@ it ``adds`` and the files it ``removes``. In ``mode: append`` (the default) comm
 ``mode: replace`` each epoch's entry removes every file live before it, so the table always holds the
 last committed epoch's output (how keyed state snapshots are kept), and files removed by older entries
 are deleted one epoch later, so a reader that listed the table just before a commit can still read them.
-A table belongs to one (pipeline, sink).
+A table belongs to one (pipeline, sink). Nothing under ``root`` is reached through a symbolic link
+(`staging.no_links`): the table, its ``epoch=N`` folders, files and log are real paths under the root.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from onceflow.sinks._arrow import (
     exact_columns,
     merged_type,
     unique_names,
+    utc_times,
     widened_decimals,
 )
 from onceflow.sinks._config import ConfigReader
@@ -53,6 +55,7 @@ from onceflow.sinks.staging import (
     fsync_dir,
     fsync_file,
     make_dirs_durable,
+    no_links,
     safe_name,
     safe_relative,
     sha256_file,
@@ -202,7 +205,7 @@ def read_committed_table(root: str | os.PathLike[str], table: str) -> pa.Table:
         return pa.table({})
     # Files of one table may differ where a task's rows never showed a type (an empty list is list<null>
     # there): "permissive" unifies them at any depth.
-    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
+    return pa.concat_tables(utc_times([pq.read_table(f) for f in files]), promote_options="permissive")
 
 
 class FilesWriter:
@@ -444,7 +447,7 @@ class FilesCommitter:
                 removes=tuple(live if self.config.mode == "replace" else [n for n in live if n in replaced]),
                 record_count=sum(c.record_count for c in group),
             )
-            path = log_entry_path(table_dir, epoch)
+            path = self._inside(log_entry_path(table_dir, epoch), "commit log entry")
             if path.exists():
                 existing = CommitLogEntry.from_json(path.read_text())
                 if (existing.pipeline, existing.sink) != (entry.pipeline, entry.sink):
@@ -456,7 +459,12 @@ class FilesCommitter:
             write_durably(path, entry.to_json().encode())
             for c in group:
                 self._area.remove(self._area.for_committable(c))
-            _delete_removed(table_dir, earlier)
+            _delete_removed(table_dir, earlier, self._inside)
+
+    def _inside(self, path: Path, what: str) -> Path:
+        """``path`` when no part of it below the root is a symbolic link: a linked ``epoch=N`` folder
+        would make the commit's rename (or an abort's delete) act outside the root."""
+        return no_links(Path(self.config.root), path, f"{KIND} sink table {self.config.table}: {what}")
 
     def _move(self, c: Committable, table_dir: Path) -> list[str]:
         if c.handle.get("incomplete"):
@@ -467,7 +475,7 @@ class FilesCommitter:
             source = staged_dir / safe_name(
                 f"{KIND}: {c.sink} epoch {c.epoch} {c.task} staged file", spec["name"]
             )
-            target = committed_path(table_dir, c.epoch, c.task)
+            target = self._inside(committed_path(table_dir, c.epoch, c.task), "committed file")
             if source.exists():
                 if sha256_file(source) != spec["sha256"]:
                     raise StagedOutputCorrupt(f"{KIND}: {source} does not match its pre-commit checksum")
@@ -487,7 +495,7 @@ class FilesCommitter:
         """Delete the attempts' staging; refuse when the epoch's log entry names their files."""
         table_dir = self.config.table_dir
         for c in committables:
-            target = committed_path(table_dir, c.epoch, c.task)
+            target = self._inside(committed_path(table_dir, c.epoch, c.task), "committed file")
             entry_path = log_entry_path(table_dir, c.epoch)
             specs = c.handle.get("files", [])
             if specs and target.exists() and sha256_file(target) == specs[0]["sha256"]:
@@ -504,13 +512,16 @@ class FilesCommitter:
         return self._area.orphans(pipeline, self.config.name)
 
 
-def _delete_removed(table_dir: Path, entries: Sequence[CommitLogEntry]) -> None:
-    """Compaction: delete the files that ``entries`` removed and that no entry brought back."""
+def _delete_removed(
+    table_dir: Path, entries: Sequence[CommitLogEntry], inside: Callable[[Path, str], Path]
+) -> None:
+    """Compaction: delete the files that ``entries`` removed and that no entry brought back (each
+    checked by ``inside`` first)."""
     live = set(_live(entries))
     for entry in entries:
         for name in entry.removes:
             if name not in live:
-                (table_dir / name).unlink(missing_ok=True)
+                inside(table_dir / name, "removed file").unlink(missing_ok=True)
 
 
 def _by_epoch(committables: Sequence[Committable]) -> dict[int, list[Committable]]:

@@ -4,6 +4,8 @@ Layout: ``{root}/_staging/{pipeline}/{sink}/epoch={n}/{task}/attempt-{attempt}/`
 holds the staged data and, written last, ``manifest.json`` (the attempt's committable as JSON): a folder
 without a manifest is an attempt that crashed before pre-commit finished. Every file and folder on the
 way is fsynced, because pre-commit promises the coordinator that the output survives a crash.
+No path under the root is followed through a symbolic link (`no_links`): a link planted in the staging
+or the table would make a rename or a delete act outside the root.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -43,6 +46,28 @@ def safe_relative(what: str, name: object) -> str:
             f"{what} {name!r}: expected a relative path inside its folder (no '..', not absolute)"
         )
     return name
+
+
+def no_links(root: Path, path: Path, what: str) -> Path:
+    """``path`` when it lies under ``root`` and none of its parts below ``root`` is a symbolic link (the
+    root itself may be one: it is the deployment's choice). Checked before each write, rename or delete,
+    since ``..`` and absolute names are refused by name, but a link is only seen on the filesystem."""
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        raise UnsafePath(f"{what} {path}: not under its root {root}") from None
+    current = root
+    for part in parts:
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            break  # nothing below it exists yet: the folders made next are real ones
+        if stat.S_ISLNK(mode):
+            raise UnsafePath(
+                f"{what} {path}: {current} is a symbolic link, which could lead outside {root}: refused"
+            )
+    return path
 
 
 def fsync_dir(path: Path) -> None:
@@ -99,7 +124,8 @@ class StagingArea:
     def attempt_dir(self, pipeline: str, sink: str, epoch: int, task: str, attempt: str) -> Path:
         for what, value in (("pipeline", pipeline), ("sink", sink), ("task", task), ("attempt", attempt)):
             check_name(what, value)
-        return self.root / STAGING / pipeline / sink / f"epoch={epoch}" / task / f"attempt-{attempt}"
+        folder = self.root / STAGING / pipeline / sink / f"epoch={epoch}" / task / f"attempt-{attempt}"
+        return no_links(self.root, folder, "staging folder")
 
     def for_task(self, task: TaskContext) -> Path:
         return self.attempt_dir(task.pipeline, task.sink, task.epoch, task.task, task.attempt)
@@ -112,6 +138,7 @@ class StagingArea:
 
     def remove(self, folder: Path) -> None:
         """Delete an attempt folder, then prune its emptied parents up to the pipeline folder."""
+        no_links(self.root, folder, "staging folder")
         if folder.exists():
             shutil.rmtree(folder)
             fsync_dir(folder.parent)
