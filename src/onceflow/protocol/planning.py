@@ -253,7 +253,8 @@ def check_changes(spec: Pipeline) -> None:
             raise ConfigError(
                 f"sink {sink.name!r} ({sink.kind}) would take the change events' rows without their op, and "
                 f"store a delete as a row of its key and nulls: add {OP_COLUMN!r} to its columns to keep "
-                "the changes as a log, or apply them by key with the postgres_changes sink"
+                "the changes as a log, or apply them by key (postgres_changes, iceberg_changes, or "
+                "postgres_upsert with changes=true)"
             )
 
 
