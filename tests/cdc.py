@@ -187,7 +187,7 @@ def register_postgres_connector(
     from their current rows on (an initial snapshot, then the stream), with its own slot and topics.
     ``prefix`` starts the names; another than ``cdc`` keeps them out of `remove_leftovers`' reach."""
     import psycopg
-    from psycopg.conninfo import conninfo_to_dict
+    from examples.cdc_mirror.source import connector_config
 
     suffix = uuid.uuid4().hex[:10]
     kind = serialization.replace("-", "_")
@@ -196,29 +196,19 @@ def register_postgres_connector(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         listed = ", ".join(".".join(f'"{part}"' for part in table.split(".")) for table in tables)
         conn.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE {listed}')
-    params = conninfo_to_dict(pg_dsn)
+    base = connector_config(
+        pg_dsn,
+        prefix=name,
+        tables=tables,
+        slot=slot,
+        publication=publication,
+        transactions=transaction_metadata,
+    )
     config = {
-        "connector.class": POSTGRES_CONNECTOR,
-        "tasks.max": "1",
-        "plugin.name": "pgoutput",
-        "database.hostname": str(params.get("host", "127.0.0.1")),
-        "database.port": str(params.get("port", 5432)),
-        "database.user": str(params["user"]),
-        "database.password": str(params.get("password", "")),
-        "database.dbname": str(params["dbname"]),
-        "topic.prefix": name,
-        "table.include.list": ",".join(tables),
-        "slot.name": slot,
-        "publication.name": publication,
-        "publication.autocreate.mode": "disabled",
-        "snapshot.mode": "initial",
+        **base,
         # Truncates are left out by default; a decoder must see them.
         "skipped.operations": "none",
         "tombstones.on.delete": "true",
-        "provide.transaction.metadata": "true" if transaction_metadata else "false",
-        # The brokers create no topics on their own: the worker creates each one on its first record.
-        "topic.creation.default.replication.factor": "-1",
-        "topic.creation.default.partitions": "1",
         **converter_config(serialization, registry_url),
         **(extra or {}),
     }

@@ -78,6 +78,35 @@ def wait_written(bootstrap: str, end: int, timeout_s: float = 120) -> None:
         time.sleep(0.3)
 
 
+def connector_config(
+    dsn: str, *, prefix: str, tables: list[str], slot: str, publication: str, transactions: bool
+) -> dict[str, str]:
+    """Debezium's PostgreSQL connector capturing ``tables`` (``schema.table``) through pgoutput, with its
+    own slot and an existing publication, from the tables' current rows on (an initial snapshot), topics
+    ``<prefix>.<schema>.<table>`` of one partition each; converters are the caller's."""
+    params = conninfo_to_dict(dsn)
+    return {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": "1",
+        "plugin.name": "pgoutput",
+        "database.hostname": str(params.get("host", "127.0.0.1")),
+        "database.port": str(params.get("port", 5432)),
+        "database.user": str(params["user"]),
+        "database.password": str(params.get("password", "")),
+        "database.dbname": str(params["dbname"]),
+        "topic.prefix": prefix,
+        "table.include.list": ",".join(tables),
+        "slot.name": slot,
+        "publication.name": publication,
+        "publication.autocreate.mode": "disabled",
+        "snapshot.mode": "initial",
+        "provide.transaction.metadata": "true" if transactions else "false",
+        # The brokers create no topics on their own: the worker creates each one on its first record.
+        "topic.creation.default.replication.factor": "-1",
+        "topic.creation.default.partitions": "1",
+    }
+
+
 def start(dsn: str) -> int:
     """Create and fill the source table, its publication, and register the connector (initial snapshot,
     then the stream), then wait until it runs. Returns how many rows the table holds."""
@@ -95,25 +124,15 @@ def start(dsn: str) -> int:
         )
         if not conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (PUBLICATION,)).fetchone():
             conn.execute(f'CREATE PUBLICATION "{PUBLICATION}" FOR TABLE {names.SOURCE_TABLE}')
-    params = conninfo_to_dict(dsn)
     config = {
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-        "tasks.max": "1",
-        "plugin.name": "pgoutput",
-        "database.hostname": str(params.get("host", "127.0.0.1")),
-        "database.port": str(params.get("port", 5432)),
-        "database.user": str(params["user"]),
-        "database.password": str(params.get("password", "")),
-        "database.dbname": str(params["dbname"]),
-        "topic.prefix": names.TOPIC_PREFIX,
-        "table.include.list": f"public.{names.SOURCE_TABLE}",
-        "slot.name": SLOT,
-        "publication.name": PUBLICATION,
-        "publication.autocreate.mode": "disabled",
-        "snapshot.mode": "initial",
-        "provide.transaction.metadata": "true",
-        "topic.creation.default.replication.factor": "-1",
-        "topic.creation.default.partitions": "1",
+        **connector_config(
+            dsn,
+            prefix=names.TOPIC_PREFIX,
+            tables=[f"public.{names.SOURCE_TABLE}"],
+            slot=SLOT,
+            publication=PUBLICATION,
+            transactions=True,
+        ),
         "key.converter": "org.apache.kafka.connect.json.JsonConverter",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
     }

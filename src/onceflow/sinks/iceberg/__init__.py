@@ -209,13 +209,8 @@ class IcebergWriter:
             self._open(table)
 
     def _open(self, table: Table) -> None:
-        """Start the attempt in the table: a fresh data folder, and its marker written first."""
-        task = self._require()
         self._table = table
-        self._store = files.Store.for_location(table.location())
-        self._store.delete_dir(files.attempt_data_dir(_data_path(table), task))  # never mix two runs
-        started = Committable.for_task(task, handle={"incomplete": True})
-        self._store.write(files.marker_uri(table.location(), task), started.to_json().encode())
+        self._store = start_attempt(table, self._require())
 
     def _require(self) -> TaskContext:
         if self._task is None or self._done:
@@ -244,27 +239,11 @@ class IcebergWriter:
 
     def write_batch(self, batch: Any) -> None:
         """Stage an Arrow record batch as `write` stages its rows, without a Python object per value."""
-        import pyarrow as pa
-
         self._require()
         if batch.num_rows == 0:
             return
         schema = self._arrow_schema(list(batch.schema.names), lambda: batch.schema)
-        columns = []
-        for field in schema:
-            index = batch.schema.get_field_index(field.name)
-            column = batch.column(index) if index >= 0 else pa.nulls(batch.num_rows, field.type)
-            if nested.is_nested(field.type):
-                columns.append(nested.fit_column(column, field.type, self.config.where, field.name))
-                continue
-            try:
-                columns.append(column if column.type == field.type else column.cast(field.type))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise RowError(
-                    f"{self.config.where}: column {field.name!r} ({column.type}) does not fit the table's "
-                    f"{field.type}: {exc}"
-                ) from exc
-        self._add(pa.Table.from_arrays(columns, schema=schema))
+        self._add(fitted(batch, schema, self.config.where))
 
     def _arrow_schema(self, names: list[str], inferred: Any) -> Any:
         """The table's Arrow schema for data with these column names; the table is created from the
@@ -349,27 +328,76 @@ class IcebergWriter:
         self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
 
     def pre_commit(self) -> Committable:
-        import hashlib
-        import json
-
         task = self._require()
         self._flush()
-        committable = Committable.for_task(
-            task,
-            handle={"table": self.config.table, "files": list(self._files)},
-            record_count=self._count,
-            checksum=hashlib.sha256(json.dumps(self._files, sort_keys=True).encode()).hexdigest(),
-        )
-        if self._table is not None and self._store is not None:
-            self._store.write(files.marker_uri(self._table.location(), task), committable.to_json().encode())
         self._done = True
-        return committable
+        return finish_attempt(task, self.config.table, self._files, self._count, self._table, self._store)
 
     def abort(self) -> None:
-        if self._task is None or self._table is None or self._store is None:
-            return
-        self._store.delete_dir(files.attempt_data_dir(_data_path(self._table), self._task))
-        self._store.delete_file(files.marker_uri(self._table.location(), self._task))
+        drop_attempt(self._task, self._table, self._store)
+
+
+def start_attempt(table: Table, task: TaskContext) -> files.Store:
+    """Start a task attempt in ``table``: a fresh data folder, and its marker written first (what the
+    orphan scan finds if the attempt dies)."""
+    store = files.Store.for_location(table.location())
+    store.delete_dir(files.attempt_data_dir(_data_path(table), task))  # never mix two runs
+    started = Committable.for_task(task, handle={"incomplete": True})
+    store.write(files.marker_uri(table.location(), task), started.to_json().encode())
+    return store
+
+
+def finish_attempt(
+    task: TaskContext,
+    table_name: str,
+    staged: list[dict[str, Any]],
+    count: int,
+    table: Table | None,
+    store: files.Store | None,
+) -> Committable:
+    """The attempt's committable (its checksum: the SHA-256 of its files' metadata), also written over
+    its marker."""
+    import hashlib
+    import json
+
+    committable = Committable.for_task(
+        task,
+        handle={"table": table_name, "files": list(staged)},
+        record_count=count,
+        checksum=hashlib.sha256(json.dumps(staged, sort_keys=True).encode()).hexdigest(),
+    )
+    if table is not None and store is not None:
+        store.write(files.marker_uri(table.location(), task), committable.to_json().encode())
+    return committable
+
+
+def drop_attempt(task: TaskContext | None, table: Table | None, store: files.Store | None) -> None:
+    """Delete an attempt's data folder and marker (nothing when it never started in the table)."""
+    if task is None or table is None or store is None:
+        return
+    store.delete_dir(files.attempt_data_dir(_data_path(table), task))
+    store.delete_file(files.marker_uri(table.location(), task))
+
+
+def fitted(batch: Any, schema: Any, where: str) -> Any:
+    """An Arrow batch as a table of ``schema``: its columns cast (nested ones fitted), the columns it
+    lacks null; a column that does not fit is a `RowError` naming it."""
+    import pyarrow as pa
+
+    columns = []
+    for field in schema:
+        index = batch.schema.get_field_index(field.name)
+        column = batch.column(index) if index >= 0 else pa.nulls(batch.num_rows, field.type)
+        if nested.is_nested(field.type):
+            columns.append(nested.fit_column(column, field.type, where, field.name))
+            continue
+        try:
+            columns.append(column if column.type == field.type else column.cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise RowError(
+                f"{where}: column {field.name!r} ({column.type}) does not fit the table's {field.type}: {exc}"
+            ) from exc
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _inferred(rows: list[Row], where: str) -> Any:

@@ -19,9 +19,7 @@ so no task can decide what the table holds; the two halves split as in `postgres
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import logging
 import random
 import time
@@ -51,9 +49,13 @@ from onceflow.sinks.iceberg import (
     _with_retries,
     committed_property,
     default_catalog_properties,
+    drop_attempt,
     files,
+    finish_attempt,
+    fitted,
     is_committed,
     nested,
+    start_attempt,
 )
 from onceflow.sinks.iceberg import table as tables
 from onceflow.sinks.registry import SinkKind, SinkSetting
@@ -196,10 +198,7 @@ class IcebergChangesWriter:
         table = tables.load(self.config.table.open_catalog(), self.config.table.table)
         table = table if table is not None else _ensure_table(self.config)
         self._table, self._schema = table, staging_schema(table)
-        self._store = files.Store.for_location(table.location())
-        self._store.delete_dir(files.attempt_data_dir(_data_path(table), task))  # never mix two runs
-        started = Committable.for_task(task, handle={"incomplete": True})
-        self._store.write(files.marker_uri(table.location(), task), started.to_json().encode())
+        self._store = start_attempt(table, task)
 
     def _require(self) -> TaskContext:
         if self._task is None or self._done:
@@ -228,29 +227,13 @@ class IcebergChangesWriter:
 
     def write_batch(self, batch: Any) -> None:
         """Stage an Arrow record batch as `write` stages its rows."""
-        import pyarrow as pa
-
         self._require()
         if batch.num_rows == 0:
             return
         unknown = [n for n in batch.schema.names if n not in self._schema.names]
         if unknown:
             raise RowError(f"{self.config.where}: columns {unknown} are not in the table")
-        columns = []
-        for field in self._schema:
-            index = batch.schema.get_field_index(field.name)
-            column = batch.column(index) if index >= 0 else pa.nulls(batch.num_rows, field.type)
-            if nested.is_nested(field.type):
-                columns.append(nested.fit_column(column, field.type, self.config.where, field.name))
-                continue
-            try:
-                columns.append(column if column.type == field.type else column.cast(field.type))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise RowError(
-                    f"{self.config.where}: column {field.name!r} ({column.type}) does not fit the table's "
-                    f"{field.type}: {exc}"
-                ) from exc
-        self._add(pa.Table.from_arrays(columns, schema=self._schema))
+        self._add(fitted(batch, self._schema, self.config.where))
 
     def _add(self, arrow: Any) -> None:
         import pyarrow.compute as pc
@@ -286,22 +269,12 @@ class IcebergChangesWriter:
     def pre_commit(self) -> Committable:
         task = self._require()
         self._flush()
-        committable = Committable.for_task(
-            task,
-            handle={"table": self.config.table.table, "files": list(self._files)},
-            record_count=self._count,
-            checksum=hashlib.sha256(json.dumps(self._files, sort_keys=True).encode()).hexdigest(),
-        )
-        if self._table is not None and self._store is not None:
-            self._store.write(files.marker_uri(self._table.location(), task), committable.to_json().encode())
         self._done = True
-        return committable
+        table, staged = self.config.table.table, self._files
+        return finish_attempt(task, table, staged, self._count, self._table, self._store)
 
     def abort(self) -> None:
-        if self._task is None or self._table is None or self._store is None:
-            return
-        self._store.delete_dir(files.attempt_data_dir(_data_path(self._table), self._task))
-        self._store.delete_file(files.marker_uri(self._table.location(), self._task))
+        drop_attempt(self._task, self._table, self._store)
 
 
 # -------------------------------------------------------------------------------------- committer
