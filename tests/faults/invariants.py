@@ -130,6 +130,28 @@ def _iceberg_table(spec: Pipeline, sink: str, home: Path) -> Any:
     return iceberg.tables.load(parsed.open_catalog(), parsed.table)
 
 
+def iceberg_order_violations(spec: Pipeline, sink: str, home: Path) -> list[str]:
+    """Within each data file of the Iceberg sink's current snapshot (one task's output), each source
+    partition's rows must keep their offset order, as in the files sink's files."""
+    import pyarrow.parquet as pq
+
+    table = _iceberg_table(spec, sink, home)
+    if table is None:
+        return []
+    problems = []
+    for task in table.scan().plan_files():
+        path = task.file.file_path
+        local = path.removeprefix("file://")
+        rows = pq.read_table(local, columns=["_partition", "_offset"]).to_pylist()
+        problems += _inversions(
+            ((int(row["_partition"]), int(row["_offset"])) for row in rows),
+            lambda partition, name=Path(local).name: (
+                f"iceberg sink {sink}, {name}: source partition {partition}"
+            ),
+        )
+    return problems
+
+
 def iceberg_leftovers(spec: Pipeline, home: Path) -> list[str]:
     """Markers of staged attempts, and data files that no snapshot references, in Iceberg sinks."""
     from onceflow.sinks import iceberg
@@ -217,6 +239,7 @@ def check_records(
             )
     verdict.violations += order_violations(kafka_out)
     verdict.violations += files_order_violations(root / "files", "records")
+    verdict.violations += iceberg_order_violations(spec, "iceberg", root / "home")
     verdict.violations += check_protocol_clean(spec, ledger, pg, root)
     # The Kafka sink's consumer group stands where the ledger's committed position does.
     committed = ledger.committed_offsets(spec.name)

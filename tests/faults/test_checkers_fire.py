@@ -131,9 +131,18 @@ def plant_in_files(scenario: harness.Scenario) -> list[str]:
 
 
 def plant_in_iceberg(scenario: harness.Scenario) -> list[str]:
-    """A row appended again; a staged attempt's marker and a data file no snapshot references."""
+    """Two rows of one source partition appended again, in a data file of their own, the later offset
+    first; a staged attempt's marker and a data file no snapshot references."""
+    import pyarrow as pa
+
     table = invariants._iceberg_table(scenario.spec, "iceberg", scenario.root / "home")
-    table.append(table.scan().to_arrow().slice(0, 1))
+    rows = table.scan().to_arrow()
+    first = rows.slice(0, 1).to_pylist()[0]
+    same = sorted(
+        (r for r in rows.to_pylist() if r["_partition"] == first["_partition"]), key=lambda r: r["_offset"]
+    )
+    early, late = same[0], same[1]
+    table.append(pa.Table.from_pylist([late, early], schema=rows.schema))
     location = Path(table.location().removeprefix("file://"))
     marker = location / iceberg.files.MARKERS / scenario.spec.name / "iceberg" / "planted"
     marker.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +152,8 @@ def plant_in_iceberg(scenario: harness.Scenario) -> list[str]:
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_bytes(b"PAR1")
     return [
-        "sink iceberg: 0 lost, 1 duplicated, 0 that must not be there",
+        "sink iceberg: 0 lost, 2 duplicated, 0 that must not be there",
+        f"source partition {early['_partition']} offset {early['_offset']} after {late['_offset']}",
         "iceberg sink iceberg: staged attempts left",
         "iceberg sink iceberg: unreferenced data files left",
     ]
