@@ -20,6 +20,7 @@ def test_every_kind_builds_a_writer_and_a_committer() -> None:
         "files": {"root": "/tmp/files", "table": "t"},
         "kafka": {"topic": "out", "staging_root": "/tmp/k", "bootstrap": "127.0.0.1:1"},
         "iceberg": {"table": "ns.t"},
+        "delta": {"path": "/tmp/delta-t"},
         "iceberg_changes": {"table": "ns.t", "columns": {"id": "long"}, "key_columns": ["id"]},
     }
     assert set(configs) == set(known_kinds())

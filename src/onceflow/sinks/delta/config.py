@@ -1,0 +1,125 @@
+"""The Delta sink's config, and its table's Arrow schema from declared columns or from rows.
+
+Columns are declared with the Iceberg sink's type names (``long``, ``string``, ``timestamp``,
+``decimal(p,s)``, row type texts such as ``array<struct<sku:string,qty:int>>``), so that one pipeline
+can write either format; they become the plain Arrow types delta-rs maps to Delta's
+(``timestamp`` without a zone is Delta's ``timestamp_ntz``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from onceflow.errors import ConfigError
+from onceflow.sinks._config import ConfigReader
+from onceflow.sinks.delta import layout
+
+KIND = "delta"
+
+
+@dataclass(frozen=True)
+class DeltaConfig:
+    """See the `SinkSetting`s of `SINK_KIND` for what each key means."""
+
+    path: str
+    columns: tuple[tuple[str, str], ...] = ()
+    partition_by: tuple[str, ...] = ()
+    properties: tuple[tuple[str, str], ...] = ()
+    create_table: bool = True
+    rows_per_file: int = 100_000
+    commit_retries: int = 10
+    name: str | None = None
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> DeltaConfig:
+        reader = ConfigReader(KIND, config)
+        partitions = reader.columns("partition_by", required=False)
+        parsed = cls(
+            path=layout.local_or_uri(reader.string("path")),
+            columns=reader.columns(required=False),
+            partition_by=tuple(name for name, _ in partitions),
+            properties=reader.columns("properties", required=False),
+            create_table=reader.boolean("create_table", True),
+            rows_per_file=reader.integer("rows_per_file", 100_000, minimum=1),
+            commit_retries=reader.integer("commit_retries", 10, minimum=0),
+            name=reader.optional_string("name"),
+        )
+        reader.finish()
+        odd = [f"{n}: {t}" for n, t in partitions if t.strip().lower() != "identity"]
+        if odd:
+            raise ConfigError(
+                f"{parsed.where}: partition_by {odd}: Delta partitions by a column's value only "
+                "(`{column: identity}`)"
+            )
+        if parsed.columns:
+            schema = declared_schema(parsed.columns, parsed.where)
+            check_partitions(schema, parsed.partition_by, parsed.where)
+        return parsed
+
+    @property
+    def where(self) -> str:
+        return f"{KIND} sink {self.name or '?'} table {self.path}"
+
+
+def as_config(config: DeltaConfig | Mapping[str, Any]) -> DeltaConfig:
+    return config if isinstance(config, DeltaConfig) else DeltaConfig.from_mapping(config)
+
+
+def plain_type(t: Any) -> Any:
+    """An Arrow type as Delta keeps it: no field metadata, ``string``/``binary``/``list`` rather than
+    their large or view forms; nested fields keep their nullability."""
+    import pyarrow as pa
+
+    types = pa.types
+    if types.is_large_string(t) or types.is_string_view(t):
+        return pa.string()
+    if types.is_large_binary(t) or types.is_binary_view(t):
+        return pa.binary()
+    if types.is_list(t) or types.is_large_list(t) or types.is_list_view(t) or types.is_large_list_view(t):
+        field = t.value_field
+        return pa.list_(pa.field("element", plain_type(field.type), field.nullable))
+    if types.is_struct(t):
+        return pa.struct([pa.field(f.name, plain_type(f.type), f.nullable) for f in t])
+    if types.is_map(t):
+        return pa.map_(
+            pa.field("key", plain_type(t.key_type), False),
+            pa.field("value", plain_type(t.item_type), t.item_field.nullable),
+        )
+    if types.is_dictionary(t):
+        return plain_type(t.value_type)
+    return t
+
+
+def plain_schema(schema: Any) -> Any:
+    """A schema of nullable columns of `plain_type`s (a column itself is always nullable, as a row
+    or batch may lack it)."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(f.name, plain_type(f.type), True) for f in schema])
+
+
+def declared_schema(columns: tuple[tuple[str, str], ...], where: str) -> Any:
+    """The Arrow schema of declared columns, through the Iceberg sink's type names."""
+    from onceflow.sinks.iceberg import table as tables
+
+    return plain_schema(tables.schema_of(columns, where).as_arrow())
+
+
+def check_partitions(schema: Any, partition_by: tuple[str, ...], where: str) -> None:
+    """Partition columns must be columns of a flat type whose value has one text form."""
+    import pyarrow as pa
+
+    names = set(schema.names)
+    missing = [p for p in partition_by if p not in names]
+    if missing:
+        raise ConfigError(f"{where}: partition_by names {missing}, which are not columns {sorted(names)}")
+    for p in partition_by:
+        t = schema.field(p).type
+        if not (
+            pa.types.is_string(t) or pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_date(t)
+        ):
+            raise ConfigError(
+                f"{where}: partition column {p!r} has type {t}; use a string, integer, boolean or date column"
+            )
