@@ -337,7 +337,7 @@ def _both_paths(spark: Any, ref: SliceRef, tasks: list[Any]) -> Conformed:
     """Python's rows and dead letters (the Python read path, through Spark like a slice's) against the
     JVM path's with the writer schemas the driver plans (`assert_conforms`)."""
     python = split_collected(_collected(python_read(spark, ref, tasks)))
-    registry = FolderSchemaRegistry(ref.settings.schema_registry_url.removeprefix("file://"))
+    registry = FolderSchemaRegistry(ref.task.schema_registry_url.removeprefix("file://"))
     plans, _ = writer_plans(ref.pipeline.format, registry, [ref.slice_ranges[0].topic])
     return assert_conforms(spark, ref, tasks, python, plans=plans, collect=_collected)
 
