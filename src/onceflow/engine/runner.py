@@ -21,7 +21,7 @@ from functools import partial
 
 from onceflow.config import Settings
 from onceflow.engine.connect import connect_sessions, interrupt_slice, pipeline_modules, slice_tag
-from onceflow.engine.deadline import within
+from onceflow.engine.deadline import watched, within
 from onceflow.engine.executors import Executor, SliceRunner, slice_runner_for
 from onceflow.engine.failures import cause_in_output, failure_line
 from onceflow.engine.local_slice import check_local, run_slice_local
@@ -149,7 +149,7 @@ def run_epoch(
                     )
                     tag = slice_tag(spec.name, epoch.number, slice_number, token)
                     try:
-                        within(timeout_s, what, warm, on_expiry=partial(interrupt_slice, tag))
+                        watched(timeout_s, what, warm, partial(interrupt_slice, tag))
                     except SliceTimedOut as exc:
                         failures.append(str(exc))
                     except Exception as exc:  # what a failed spark-submit reports by its exit status
