@@ -64,12 +64,15 @@ export SPARK_LOCAL_DIRS="$RUN/local"
 export PYSPARK_PYTHON="$ONCEFLOW_SPARK_PYTHON"
 
 jars() {
-  if [ -f "$LIBS/.complete" ]; then
-    onceflow_say "Spark Kafka source and spark-avro for Spark $SPARK_VERSION already in $LIBS"
+  # The marker holds the pom's checksum: a pom that changed (a jar added) resolves again.
+  local want
+  want=$(sha256sum "$ONCEFLOW_ROOT/infra/spark/pom.xml" | cut -c1-64)
+  if [ -f "$LIBS/.complete" ] && [ "$(cat "$LIBS/.complete")" = "$want" ]; then
+    onceflow_say "Spark Kafka source, spark-avro and delta-spark for Spark $SPARK_VERSION already in $LIBS"
     return
   fi
   command -v mvn >/dev/null || onceflow_die "mvn not found: install Maven (apt-get install maven) to resolve the Spark Kafka source and spark-avro"
-  onceflow_say "resolving the Spark Kafka source and spark-avro (spark-sql-kafka-0-10_2.13 $SPARK_VERSION, spark-avro_2.13 of its minor line) from Maven Central into $LIBS"
+  onceflow_say "resolving the Spark Kafka source, spark-avro and delta-spark (spark-sql-kafka-0-10_2.13 $SPARK_VERSION, spark-avro_2.13 of its minor line, delta-spark_2.13 for it) from Maven Central into $LIBS"
   local resolved="$LIBS.resolving"
   rm -rf "$LIBS" "$resolved"; mkdir -p "$LIBS" "$resolved"
   mvn -q -B -Dstyle.color=never -f "$ONCEFLOW_ROOT/infra/spark/pom.xml" dependency:copy-dependencies \
@@ -85,7 +88,8 @@ jars() {
   rm -rf "$resolved"
   [ -n "$(compgen -G "$LIBS/spark-sql-kafka-0-10_*.jar")" ] || onceflow_die "the Spark Kafka source was not resolved into $LIBS"
   [ -n "$(compgen -G "$LIBS/spark-avro_*.jar")" ] || onceflow_die "spark-avro was not resolved into $LIBS"
-  touch "$LIBS/.complete"
+  [ -n "$(compgen -G "$LIBS/delta-spark_*.jar")" ] || onceflow_die "delta-spark was not resolved into $LIBS"
+  echo "$want" > "$LIBS/.complete"
 }
 
 write_config() {

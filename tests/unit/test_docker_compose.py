@@ -441,12 +441,17 @@ def test_the_spark_connect_server_runs_as_the_local_scripts_run_it(compose) -> N
     pinned = re.search(r"^pyspark==(\S+)$", (ROOT / "constraints.txt").read_text(), re.MULTILINE)
     assert pinned
     package = command[command.index("--packages") + 1]
-    kafka, avro = package.split(",")
+    kafka, avro, delta = package.split(",")
     assert kafka == f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pinned.group(1)}"
     # spark-avro of the same minor line, not newer than Spark (not every patch release is published).
     minor = pinned.group(1).rsplit(".", 1)[0]
     assert avro.startswith(f"org.apache.spark:spark-avro_2.13:{minor}.")
     assert int(avro.rsplit(".", 1)[1]) <= int(pinned.group(1).rsplit(".", 1)[1])
+    # delta-spark of the version the local scripts resolve (infra/spark/pom.xml).
+    spark_pom = (ROOT / "infra" / "spark" / "pom.xml").read_text()
+    delta_version = re.search(r"<delta.version>(\S+)</delta.version>", spark_pom)
+    assert delta_version
+    assert delta == f"io.delta:delta-spark_2.13:{delta_version.group(1)}"
 
     workers = compose["services"]["spark-worker"]
     assert workers["deploy"]["replicas"] == 2
