@@ -85,11 +85,12 @@ def _positive_int(where: str, value: object) -> int:
 
 
 def _frozen_json(where: str, value: object) -> Mapping[str, Any]:
-    """A read-only deep copy of a JSON object, so that the spec can round-trip and never changes."""
+    """A read-only deep copy of a JSON object, so that the spec can round-trip and never changes; keys keep
+    their order (declared `columns` are the table's columns in that order)."""
     if not isinstance(value, Mapping):
         raise _fail(where, value, "expected a mapping")
     try:
-        copied = json.loads(json.dumps(dict(value), sort_keys=True))
+        copied = json.loads(json.dumps(dict(value)))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: must be JSON-serializable ({exc})") from exc
     return MappingProxyType(copied)
