@@ -289,6 +289,56 @@ def test_plan_checks_create_the_table_or_refuse_in_one_line(tmp_path: Path) -> N
         DeltaWriter({**config, "columns": {"id": "long"}, "partition_by": {"nope": "identity"}})
 
 
+def test_plan_checks_widen_the_table_and_refuse_what_delta_cannot_keep(tmp_path: Path) -> None:
+    """A reader schema that gains a nullable field and a nested one: the plan adds them in one commit,
+    rows written before read them as null; a changed type, or transactions that expire, are refused."""
+
+    def spec(schema: dict[str, str]) -> Pipeline:
+        return Pipeline(
+            name="p",
+            source=KafkaSource(topics=("in",)),
+            format=JsonFormat(schema=schema),
+            sinks=(SinkSpec("lake", "delta", {"path": str(tmp_path / "t")}),),
+        )
+
+    config = {"path": str(tmp_path / "t"), "name": "lake"}
+    before = {"id": "int", "item": "struct<sku:string>"}
+    SINK_KIND.plan_checks(spec(before), [config], 1, True)
+    first = DeltaTable(config["path"])
+    rows = [{"id": 1, "item": {"sku": "a"}, "_partition": 0, "_offset": 7}]
+    write_deltalake(
+        config["path"], pa.Table.from_pylist(rows, schema=pa.schema(first.schema().to_arrow())), mode="append"
+    )
+
+    after = {"id": "int", "item": "struct<sku:string,qty:int?>", "coupon": "string?"}
+    SINK_KIND.plan_checks(spec(after), [config], 1, False)
+    assert DeltaTable(config["path"]).version() == 1  # a preview adds nothing
+    SINK_KIND.plan_checks(spec(after), [config], 1, True)
+    table = DeltaTable(config["path"])
+    assert table.version() == 2
+    (row,) = table.to_pyarrow_table().to_pylist()
+    assert row["coupon"] is None and row["item"] == {"sku": "a", "qty": None}
+    SINK_KIND.plan_checks(spec(after), [config], 1, True)
+    assert DeltaTable(config["path"]).version() == 2  # nothing new, nothing committed
+
+    with pytest.raises(ConfigError, match=r"the columns \['id \(.*change type") as changed:
+        SINK_KIND.plan_checks(spec({**after, "id": "string"}), [config], 1, True)
+    assert "\n" not in str(changed.value)
+    with pytest.raises(ConfigError, match="create_table is false: add them to the table first"):
+        SINK_KIND.plan_checks(
+            spec({**after, "note": "string?"}), [{**config, "create_table": False}], 1, True
+        )
+
+    expiring = str(tmp_path / "expiring")
+    DeltaTable.create(
+        expiring,
+        pa.schema(first.schema().to_arrow()),
+        configuration={"delta.setTransactionRetentionDuration": "interval 1 days"},
+    )
+    with pytest.raises(ConfigError, match=r"setTransactionRetentionDuration=interval 1 days.*unset it"):
+        SINK_KIND.plan_checks(spec(before), [{"path": expiring, "name": "lake"}], 1, True)
+
+
 def test_the_commit_adds_the_staged_files_as_they_are(config: dict[str, Any], pipeline: str) -> None:
     """The commit rewrites nothing: the table's files are the tasks' staged files, byte for byte."""
     import hashlib

@@ -22,6 +22,7 @@ def test_every_kind_builds_a_writer_and_a_committer() -> None:
         "iceberg": {"table": "ns.t"},
         "delta": {"path": "/tmp/delta-t"},
         "iceberg_changes": {"table": "ns.t", "columns": {"id": "long"}, "key_columns": ["id"]},
+        "delta_changes": {"path": "/tmp/delta-c", "columns": {"id": "long"}, "key_columns": ["id"]},
     }
     assert set(configs) == set(known_kinds())
     for kind, config in configs.items():

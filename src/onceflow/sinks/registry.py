@@ -30,7 +30,10 @@ Guarantee = Literal["exactly_once", "at_least_once"]
 # Modules of this package that are not sink kinds.
 _NOT_KINDS = frozenset({"base", "errors", "registry", "staging"})
 # Kinds whose module is not ``onceflow.sinks.<kind>``: kind name -> module.
-NESTED_KINDS: Mapping[str, str] = {"iceberg_changes": "onceflow.sinks.iceberg.changes"}
+NESTED_KINDS: Mapping[str, str] = {
+    "iceberg_changes": "onceflow.sinks.iceberg.changes",
+    "delta_changes": "onceflow.sinks.delta.changes",
+}
 
 
 def _no_checks(

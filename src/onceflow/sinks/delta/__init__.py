@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
 from onceflow.sinks.delta.committer import DeltaCommitter
-from onceflow.sinks.delta.config import KIND, DeltaConfig, declared_schema
-from onceflow.sinks.delta.writer import DeltaWriter, ensure_table, table_layout
+from onceflow.sinks.delta.config import KIND, DeltaConfig
+from onceflow.sinks.delta.writer import DeltaWriter, check_table
 from onceflow.sinks.registry import SinkKind, SinkSetting, configured_columns
 
 if TYPE_CHECKING:
@@ -59,28 +59,7 @@ def plan_checks(
     (``apply`` false) creates nothing."""
     for mapping in configs:
         config = DeltaConfig.from_mapping(mapping)
-        existing = table_layout(config.path)
-        columns = wanted_columns(spec, config)
-        if existing is None and not config.create_table:
-            raise ConfigError(f"{config.where}: there is no Delta table there, and create_table is false")
-        found = None if existing is None else existing[0]
-        if existing is not None and config.partition_by and config.partition_by != existing[1]:
-            raise ConfigError(
-                f"{config.where}: the table is partitioned by {list(existing[1])}, not by the "
-                f"configured {list(config.partition_by)}"
-            )
-        if columns is None:
-            continue
-        wanted = declared_schema(columns, config.where)
-        if found is None:
-            if apply:
-                ensure_table(config, wanted)
-            continue
-        missing = [n for n in wanted.names if n not in found.names]
-        if missing:
-            raise ConfigError(
-                f"{config.where}: the table has no columns {missing}; add them to the table first"
-            )
+        check_table(config, wanted_columns(spec, config), apply)
 
 
 def _columns(config: Mapping[str, Any]) -> list[str] | None:

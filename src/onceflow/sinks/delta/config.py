@@ -31,22 +31,31 @@ class DeltaConfig:
     rows_per_file: int = 100_000
     commit_retries: int = 10
     name: str | None = None
+    kind: str = KIND  # the sink kind whose config this is, named in errors
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> DeltaConfig:
         reader = ConfigReader(KIND, config)
+        parsed = cls.read(reader)
+        reader.finish()
+        return parsed
+
+    @classmethod
+    def read(cls, reader: ConfigReader, columns_required: bool = False) -> DeltaConfig:
+        """The table's settings, checked, as ``reader`` reads them for its kind (this one, or a kind that
+        writes a Delta table and reads keys of its own before it calls ``reader.finish()``)."""
         partitions = reader.columns("partition_by", required=False)
         parsed = cls(
             path=layout.local_or_uri(reader.string("path")),
-            columns=reader.columns(required=False),
+            columns=reader.columns(required=columns_required),
             partition_by=tuple(name for name, _ in partitions),
             properties=reader.columns("properties", required=False),
             create_table=reader.boolean("create_table", True),
             rows_per_file=reader.integer("rows_per_file", 100_000, minimum=1),
             commit_retries=reader.integer("commit_retries", 10, minimum=0),
             name=reader.optional_string("name"),
+            kind=reader.kind,
         )
-        reader.finish()
         odd = [f"{n}: {t}" for n, t in partitions if t.strip().lower() != "identity"]
         if odd:
             raise ConfigError(
@@ -60,7 +69,7 @@ class DeltaConfig:
 
     @property
     def where(self) -> str:
-        return f"{KIND} sink {self.name or '?'} table {self.path}"
+        return f"{self.kind} sink {self.name or '?'} table {self.path}"
 
 
 def as_config(config: DeltaConfig | Mapping[str, Any]) -> DeltaConfig:

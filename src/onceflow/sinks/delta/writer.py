@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from onceflow.errors import ConfigError
 from onceflow.sinks._arrow import as_declared, unique_names
 from onceflow.sinks.base import Committable, Row, TaskContext
-from onceflow.sinks.delta import layout
+from onceflow.sinks.delta import evolution, layout
 from onceflow.sinks.delta.config import (
     DeltaConfig,
     as_config,
@@ -24,6 +26,8 @@ from onceflow.sinks.delta.config import (
     plain_schema,
 )
 from onceflow.sinks.errors import RowError, WriterStateError
+
+log = logging.getLogger(__name__)
 
 
 def table_layout(uri: str) -> tuple[Any, tuple[str, ...]] | None:
@@ -65,6 +69,61 @@ def ensure_table(config: DeltaConfig, schema: Any) -> tuple[Any, tuple[str, ...]
     return created
 
 
+def check_table(config: DeltaConfig, columns: tuple[tuple[str, str], ...] | None, apply: bool) -> None:
+    """The plan-time check of one sink's table: a missing table that may not be created, one partitioned
+    otherwise than configured, one whose transactions expire, or one whose column would change type is
+    refused in one line; a missing table whose columns are known is created, and new columns and nested
+    fields are added to an existing one (`evolution`; refused with ``create_table`` false). A preview
+    (``apply`` false) creates and adds nothing."""
+    existing = table_layout(config.path)
+    if existing is not None:
+        check_transactions_kept(config)
+    if existing is None and not config.create_table:
+        raise ConfigError(f"{config.where}: there is no Delta table there, and create_table is false")
+    if existing is not None and config.partition_by and config.partition_by != existing[1]:
+        raise ConfigError(
+            f"{config.where}: the table is partitioned by {list(existing[1])}, not by the "
+            f"configured {list(config.partition_by)}"
+        )
+    if columns is None:
+        return
+    wanted = declared_schema(columns, config.where)
+    if existing is None:
+        if apply:
+            ensure_table(config, wanted)
+        return
+    added = evolution.widenings(existing[0], wanted, config.where)
+    if not added:
+        return
+    if not config.create_table:
+        raise ConfigError(
+            f"{config.where}: the table lacks the columns or fields of {[f.name for f in added]}, and "
+            "create_table is false: add them to the table first"
+        )
+    if apply:
+        from deltalake import DeltaTable
+
+        evolution.widen(DeltaTable(config.path), added, config.where)
+        log.info("%s: added or widened the columns %s", config.where, [f.name for f in added])
+
+
+# Delta drops an app's ``txn`` version from the table's state after this long when it is set; a commit
+# retried after that would not find its epoch there and would add its files again.
+TRANSACTION_RETENTION = "delta.setTransactionRetentionDuration"
+
+
+def check_transactions_kept(config: DeltaConfig) -> None:
+    """Refuse a table that expires transaction versions: they are how a repeated commit is recognised."""
+    from deltalake import DeltaTable
+
+    expiring = DeltaTable(config.path).metadata().configuration.get(TRANSACTION_RETENTION)
+    if expiring:
+        raise ConfigError(
+            f"{config.where}: the table sets {TRANSACTION_RETENTION}={expiring}; onceflow recognises a "
+            "repeated commit by its transaction version, which must never expire: unset it"
+        )
+
+
 class DeltaWriter:
     """Stages a task's output as Parquet files of its attempt, ``rows_per_file`` rows at a time."""
 
@@ -100,8 +159,13 @@ class DeltaWriter:
                 if self.config.columns
                 else plain_schema(inferred())
             )
-            self._schema, self._partition_by = ensure_table(self.config, wanted)
+            self._schema, self._partition_by = self._staged(*ensure_table(self.config, wanted))
         return self._schema
+
+    def _staged(self, schema: Any, partition_by: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:
+        """The columns a task stages and the columns its files are split by, for a table of ``schema``
+        partitioned by ``partition_by``: the table's own, as the commit adds the files as they are."""
+        return schema, partition_by
 
     def write(self, rows: Iterable[Row]) -> None:
         import pyarrow as pa
