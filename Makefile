@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench local_stack)
 
-.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults soak bench bench-coordination bench-cdc clean
+.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults soak bench bench-delta bench-coordination bench-cdc clean
 
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
@@ -25,6 +25,8 @@ help:
 	@echo "make faults         a long seeded fault run (N=200 SEED=7 EXECUTOR=local|submit); tests/faults/out/"
 	@echo "make soak           every sink kind under load and a fault a minute, on 3 brokers (MINUTES=60 SEED=7); tests/faults/out/"
 	@echo "make bench          benchmarks -> bench/report.md (BENCH_ARGS=\"--full\" adds 10^7 records)"
+	@echo "make bench-delta    the Delta sink beside files, Iceberg and Structured Streaming's Delta sink at"
+	@echo "                    10^6 and 10^7, and its commit up to 10^7 rows -> merged into bench/report.md"
 	@echo "make bench-coordination  ledger + coordinator at 1,000 partitions / 512 participants, 100 pipelines"
 	@echo "make bench-cdc      10^6 Debezium changes into PostgreSQL: onceflow beside Debezium's JDBC sink"
 
@@ -143,6 +145,13 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP) jars
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" nice -n 10 $(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# The Delta comparison alone (step delta at 10^6 and 10^7, 3 rounds, and the Delta commit from 10^4 to 10^7
+# rows), merged into bench/report.json and .md; about 30 minutes on 2 cores, more on a busy machine.
+bench-delta: $(BENCH_STAMP) jars
+	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" nice -n 10 $(BIN)/python -m bench.run --steps delta --sizes 1e6,1e7 \
+	  --commit-sizes 1e4,1e5,1e6,1e7 --runs 3 --merge $(BENCH_ARGS)
 
 # Coordination at scale (ledger and coordinator, no-op committers) -> its section of bench/report.md.
 bench-coordination: $(STAMP)

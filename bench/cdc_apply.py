@@ -25,10 +25,12 @@ import os
 import random
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from bench.report import write_section
 from onceflow.sinks.base import TaskContext
 from onceflow.sinks.postgres_changes import PostgresChangesCommitter, PostgresChangesWriter
 
@@ -144,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     staged_total, direct_total = stage_s + apply_s, write_s + commit_s
     lines = [
         MARK_START,
+        "### Staged changes or one writer per key",
+        "",
+        "Why `postgres_changes` stages: the two ways around tasks that hold changes of one key, measured on",
+        "the same changes (the staged side through the sink's own writer and committer).",
+        "",
         f"Applying {len(rows):,} changes (60/30/10) in {args.tasks} tasks, measured by "
         "`python -m bench.cdc_apply` on the stack's PostgreSQL, both designs leaving the same table:",
         "",
@@ -161,15 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     if args.report:
-        with open(args.report, encoding="utf-8") as handle:
-            report = handle.read()
-        if MARK_START in report:
-            head, rest = report.split(MARK_START, 1)
-            report = head + text + rest.split(MARK_END, 1)[1]
-        else:
-            report = report.rstrip("\n") + "\n\n" + text + "\n"
-        with open(args.report, "w", encoding="utf-8") as handle:
-            handle.write(report)
+        write_section(Path(args.report), text, MARK_START, MARK_END)
     return 0
 
 

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.dataset import PARTITIONS, amount_of
-from bench.pipelines import PG_COLUMNS
+from bench.pipelines import PG_COLUMNS, TABLE_COLUMNS
 from onceflow.config import Settings
 from onceflow.offsets import OffsetRange
 from onceflow.sinks import build_committer, build_writer
 from onceflow.sinks.base import Committable, TaskContext
 from onceflow.sinks.registry import sink_kind
 
-SINK_KINDS = ("postgres_2pc", "files", "kafka")
+SINK_KINDS = ("postgres_2pc", "files", "kafka", "delta")
 
 
 def _rows(kind: str, task: int, count: int) -> Iterator[dict[str, Any]]:
@@ -42,6 +42,8 @@ def _config(kind: str, name: str, workdir: Path, topic: str, settings: Settings)
         own: dict[str, Any] = {"root": str(workdir / "files"), "table": name}
     elif kind == "kafka":
         own = {"topic": topic, "staging_root": str(workdir / "kafka-staging")}
+    elif kind == "delta":
+        own = {"path": str(workdir / "delta" / name), "columns": TABLE_COLUMNS}
     else:
         own = {"table": name, "columns": PG_COLUMNS}
     return {**sink_kind(kind).defaults(settings), **own, "name": "out"}
@@ -96,6 +98,8 @@ def stage_and_commit_seconds(
 def _cleanup(kind: str, name: str, workdir: Path, dsn: str, pipeline: str) -> None:
     if kind == "files":
         shutil.rmtree(workdir / "files" / name, ignore_errors=True)
+    elif kind == "delta":
+        shutil.rmtree(workdir / "delta" / name, ignore_errors=True)
     elif kind in ("postgres_2pc", "plain"):
         import psycopg
 

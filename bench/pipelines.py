@@ -18,6 +18,8 @@ SPEC_PATH = "bench.pipelines:SPEC"
 TRANSFORM = "bench.pipelines:filter_project"
 NESTED_TRANSFORM = "bench.pipelines:filter_project_nested"
 PG_COLUMNS = {"id": "bigint", "amount": "double precision", "customer": "text"}
+# The projected rows' columns in the table formats' type names (the Iceberg and Delta sinks share them).
+TABLE_COLUMNS = {"id": "long", "amount": "double", "customer": "string"}
 
 # What each measured configuration writes to: (guarantee, sink kind).
 SINKS: dict[str, tuple[Guarantee, str]] = {
@@ -25,6 +27,8 @@ SINKS: dict[str, tuple[Guarantee, str]] = {
     "postgres_2pc": ("exactly_once", "postgres_2pc"),
     "kafka": ("exactly_once", "kafka"),
     "plain": ("at_least_once", "plain"),
+    "iceberg": ("exactly_once", "iceberg"),
+    "delta": ("exactly_once", "delta"),
 }
 
 
@@ -57,6 +61,19 @@ def sink_spec(config: str, name: str, workdir: Path, output_topic: str | None = 
     if kind == "kafka":
         assert output_topic is not None, "a Kafka sink needs its output topic"
         return SinkSpec("out", kind, {"topic": output_topic, "staging_root": str(workdir / "kafka-staging")})
+    if kind == "iceberg":
+        from onceflow.sinks.iceberg import default_catalog_properties
+
+        # A catalog of the run's own, in its scratch folder, named after it: a table per pipeline.
+        catalog = {
+            "table": f"bench.{table}",
+            "catalog": f"bench_{workdir.name.replace('-', '_')}",
+            "catalog_properties": default_catalog_properties(workdir),
+            "columns": TABLE_COLUMNS,
+        }
+        return SinkSpec("out", kind, catalog)
+    if kind == "delta":
+        return SinkSpec("out", kind, {"path": str(workdir / "delta" / table), "columns": TABLE_COLUMNS})
     return SinkSpec("out", kind, {"table": table, "columns": PG_COLUMNS})
 
 

@@ -153,6 +153,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     bar = VS_PEER.get((key, size), 1.2)
                     rows.append(_at_least(f"{what} ≥ {bar}× {peer} at {_power(size)} records", values, bar))
     rows += _nested_targets(results)
+    rows += _delta_targets(results)
     for size, runs in results.get("spark_jobs", {}).items():
         per_slice = median(r["jobs"] / max(r["slices"], 1) for r in runs)
         shuffled = max(r["shuffle_read_bytes"] + r["shuffle_write_bytes"] for r in runs)
@@ -306,6 +307,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _avro_section(results)
     lines += _nested_section(results)
     lines += _nested_avro_section(results)
+    lines += _delta_section(results)
     lines += _commit_section(results)
     lines += _protocol_section(results)
     lines += _overhead_section(results)
@@ -424,7 +426,13 @@ def _notes_section(results: dict[str, Any]) -> list[str]:
             else "The 10^7 point itself is measured only with `--full`."
         )
         + " The Kafka commit publishes the staged records inside the transaction, so it grows linearly "
-        "with the epoch by design (the Kafka sink has no 10^7 target).",
+        "with the epoch by design (the Kafka sink has no 10^7 target)."
+        + (
+            " The Delta commit is one Delta log entry holding an add action per staged file (one per "
+            "100,000 rows of a task) and the epoch's `txn` action: it grows with the files, not the rows."
+            if "delta" in results.get("commit_cost", {})
+            else ""
+        ),
         "",
     ]
     return lines
@@ -683,6 +691,143 @@ def _nested_avro_section(results: dict[str, Any]) -> list[str]:
             "",
         ]
     return lines
+
+
+# The Delta step's systems and ratios: the same pipeline into each table format (and files), and
+# Structured Streaming's own Delta sink, all on the same topic.
+DELTA_SYSTEMS = {
+    "files": "onceflow → Parquet files",
+    "iceberg": "onceflow → Iceberg",
+    "delta": "onceflow → Delta",
+    "spark_structured_streaming_delta": 'Structured Streaming → Delta (format("delta"))',
+}
+DELTA_RATIOS = {
+    "delta_vs_sss_delta": "onceflow Delta ÷ Structured Streaming Delta",
+    "delta_vs_files": "onceflow Delta ÷ files",
+    "delta_vs_iceberg": "onceflow Delta ÷ Iceberg",
+}
+# The Delta target: the Delta pipeline ÷ Structured Streaming's Delta sink at 10^7 records; and the Delta
+# commit stays flat: at 10^7 rows at most DELTA_COMMIT_S, and at most DELTA_COMMIT_GROWTH_S more than
+# the smallest epoch measured.
+DELTA_VS_SSS = 1.2
+DELTA_COMMIT_S = 1.0
+DELTA_COMMIT_GROWTH_S = 0.25
+
+
+def delta_ratios(round_: dict[str, Any]) -> dict[str, float]:
+    """The Delta step's ratios of one round (NaN where a system did not run)."""
+    rate = {key: _rate(round_, key) for key in DELTA_SYSTEMS}
+    return {
+        "delta_vs_sss_delta": rate["delta"] / rate["spark_structured_streaming_delta"],
+        "delta_vs_files": rate["delta"] / rate["files"],
+        "delta_vs_iceberg": rate["delta"] / rate["iceberg"],
+    }
+
+
+def delta_summary(entry: dict[str, Any]) -> str:
+    """One round of the Delta step in one line, for the bench's log."""
+    return _round_line(entry, DELTA_SYSTEMS, delta_ratios(entry))
+
+
+def _delta_vs_sss(rounds: list[dict[str, Any]]) -> list[float]:
+    """The rounds' Delta ÷ Structured Streaming Delta ratios, where both ran."""
+    return [q for q in (delta_ratios(r)["delta_vs_sss_delta"] for r in rounds) if not math.isnan(q)]
+
+
+def _delta_commit(results: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The (target, measured, verdict) row of the Delta commit's flatness, once it was measured."""
+    by_size = results.get("commit_cost", {}).get("delta", {})
+    if not by_size:
+        return None
+    smallest, largest = min(by_size, key=int), max(by_size, key=int)
+    low, high = median(by_size[smallest]), median(by_size[largest])
+    target = (
+        f"delta commit flat up to 10^7 rows: ≤ {DELTA_COMMIT_S:g} s at 10^7, at most "
+        f"{DELTA_COMMIT_GROWTH_S:g} s more than at the smallest epoch"
+    )
+    measured = f"{high:.3f} s at {int(largest):,} rows, {low:.3f} s at {int(smallest):,}"
+    if largest != "10000000":
+        return target, f"{measured} (10^7 not run)", "not measured at 10^7"
+    flat = high <= DELTA_COMMIT_S and high - low <= DELTA_COMMIT_GROWTH_S
+    return target, measured, "met" if flat else "MISSED"
+
+
+def _delta_targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The Delta throughput target's row once the Delta step ran with Structured Streaming (at 10^7, or
+    at its largest size, said so), and the Delta commit's."""
+    rows = []
+    measured = {
+        size: values
+        for size, found in results.get("delta", {}).items()
+        if (values := _delta_vs_sss(found["rounds"]))
+    }
+    target = f"Delta pipeline ≥ {DELTA_VS_SSS}× Structured Streaming's Delta sink at 10^7 records"
+    if "10000000" in measured:
+        rows.append(_at_least(target, measured["10000000"], DELTA_VS_SSS))
+    elif measured:
+        largest = max(measured, key=int)
+        m = median(measured[largest])
+        rows.append((target, f"{m:.3f}× at {int(largest):,} (10^7 not run)", "not measured at 10^7"))
+    commit = _delta_commit(results)
+    return rows + ([commit] if commit else [])
+
+
+def _delta_section(results: dict[str, Any]) -> list[str]:
+    intro = (
+        "One topic of the data set; in each round, back to back and in alternating order (every second "
+        "round reversed): the exactly-once pipeline into Parquet files, into an Iceberg table and into a "
+        "Delta table (Parquet files staged per task attempt, one Delta commit per epoch with a `txn` "
+        'action), then Structured Streaming with its own Delta sink (`writeStream.format("delta")`, '
+        "availableNow, a Delta commit per micro-batch of the same size as onceflow's epochs, delta-spark "
+        "4.1 through spark-submit `local[2]`). Every run's output rows are counted against the records "
+        "kept by the filter. Ratios are taken within each round; the last row is the median."
+    )
+
+    def size_line(size: str, found: dict[str, Any], runtime: str) -> str:
+        return f"{int(size):,} records of {found['record_bytes']:g} bytes; onceflow runtime: {runtime}."
+
+    title = "## Delta beside files, Iceberg and Structured Streaming's Delta sink (records/s, end to end)"
+    by_size = results.get("delta", {})
+    lines = _ratio_section(by_size, title, intro, size_line, DELTA_SYSTEMS, DELTA_RATIOS, delta_ratios)
+    if not lines:
+        return []
+    for size, found in sorted(by_size.items(), key=lambda item: int(item[0])):
+        values = _delta_vs_sss(found["rounds"])
+        if not values:
+            continue
+        m = median(values)
+        verdict = (
+            f"target ≥ {DELTA_VS_SSS}×: {'met' if m >= DELTA_VS_SSS else 'missed'}"
+            if size == "10000000"
+            else f"the target (≥ {DELTA_VS_SSS}×) is set at 10^7"
+        )
+        lines.append(
+            f"- {_power(size)} records: onceflow Delta ÷ Structured Streaming Delta {m:.2f} "
+            f"({spread(values)}); {verdict}."
+        )
+    lines += ["", *_delta_commit_lines(results)]
+    return lines
+
+
+def _delta_commit_lines(results: dict[str, Any]) -> list[str]:
+    """The Delta commit's time against epoch size, and whether it stayed flat."""
+    by_size = results.get("commit_cost", {}).get("delta", {})
+    if not by_size:
+        return []
+    sizes = sorted(by_size, key=int)
+    row = _delta_commit(results)
+    assert row is not None
+    return [
+        "Delta commit time against epoch size (s): one epoch staged by 4 writers, then committed (one "
+        "Delta commit of every staged file's add action and the `txn` action); only the commit is timed.",
+        "",
+        "| rows | " + " | ".join(f"{int(s):,}" for s in sizes) + " | flat up to 10^7 |",
+        "| --- |" + " --- |" * (len(sizes) + 1),
+        "| delta commit s | "
+        + " | ".join(f"{_fmt(median(by_size[s]))} ({spread(by_size[s])})" for s in sizes)
+        + f" | {row[2]} |",
+        "",
+    ]
 
 
 def _avro_section(results: dict[str, Any]) -> list[str]:

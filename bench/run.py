@@ -17,6 +17,9 @@ Steps:
    ``--nested-jvm-sizes``), Structured Streaming with the flat and the nested StructType;
 4d. nested Avro (``--steps nested_avro``): the same orders as Avro in the registry wire format, per
    round the files pipeline and Structured Streaming with from_avro and the nested schema;
+4e. the Delta sink (``--steps delta``): per round, in alternating order, the pipeline into Parquet files,
+   into Iceberg and into Delta, and Structured Streaming's Delta sink, on the same topic; then the Delta
+   commit time against epoch size (unless step 3 runs, which measures it with the other sinks);
 5. peak memory of epochs of a fixed batch on the largest data set;
 5b. the warm runtime's memory over many distinct pipelines and epochs (``--steps runtime_memory``);
 6. the report.
@@ -110,8 +113,10 @@ class Bench:
         return dataclasses.replace(self.settings, spark_remote=self.remote)
 
     def record(self, key: str, value: Any) -> None:
-        """Store a step's results; with --merge, update the earlier ones size by size."""
-        previous = (self.merge_into or {}).get(key)
+        """Store a step's results, updating size by size what is already under ``key``: the earlier
+        run's with --merge, or an earlier step's of this run (the delta step adds the Delta commit to
+        step 3's sinks)."""
+        previous = self.results.get(key)
         self.results[key] = _deep_merge(previous, value) if isinstance(previous, dict) else value
 
     # 1.
@@ -205,11 +210,11 @@ class Bench:
         self.record("spark_jobs", out)
 
     # 3.
-    def commit_cost(self, sizes: tuple[int, ...]) -> None:
+    def commit_cost(self, sizes: tuple[int, ...], kinds: tuple[str, ...] = commit_cost.SINK_KINDS) -> None:
         topic = create_topic(self.settings.kafka_bootstrap, "bench-commit")
         out: dict[str, dict[str, list[float]]] = {}
         try:
-            for kind in commit_cost.SINK_KINDS:
+            for kind in kinds:
                 for rows in sizes:
                     seconds = [
                         commit_cost.commit_seconds(kind, rows, self.workdir, self.settings, topic)
@@ -395,6 +400,33 @@ class Bench:
             }
         self.record("nested_avro", out)
 
+    # 4e.
+    def delta(
+        self, sizes: tuple[int, ...], peer_sizes: tuple[int, ...], commit_sizes: tuple[int, ...]
+    ) -> None:
+        """The Delta sink beside the files and Iceberg sinks on the same topic: per round, in alternating
+        order, the exactly-once pipeline into each (every run's committed and visible rows checked), then
+        at ``peer_sizes`` Structured Streaming's own Delta sink (its table's rows checked); ratios within
+        each round. Then the Delta commit's time at ``commit_sizes`` (none when step 3 measures it)."""
+        out: dict[str, Any] = {}
+        for size in sizes:
+            with self._topics() as topics:
+                data = produce(self.settings.kafka_bootstrap, size)
+                topics.append(data.topic)
+                say(f"data set: {size} records in {data.topic} (produced in {data.produce_s:.1f}s)")
+                systems: dict[str, Callable[[], dict[str, Any]]] = {
+                    config: partial(self._sink_run, config, data) for config in ("files", "iceberg", "delta")
+                }
+                if size in peer_sizes:
+                    systems["spark_structured_streaming_delta"] = partial(
+                        self._structured_streaming, data, delta=True
+                    )
+                rounds = self._rounds(f"delta {size} records", systems, report.delta_summary, alternate=True)
+            out[str(size)] = {"record_bytes": RECORD_BYTES, "rounds": rounds}
+        self.record("delta", out)
+        if commit_sizes:
+            self.commit_cost(commit_sizes, kinds=("delta",))
+
     @contextlib.contextmanager
     def _topics(self) -> Iterator[list[str]]:
         """A list for the topics a step creates, deleted when the step is done with them (or fails)."""
@@ -409,13 +441,18 @@ class Bench:
         label: str,
         systems: dict[str, Callable[[], dict[str, Any]]],
         summary: Callable[[dict[str, Any]], str],
+        *,
+        alternate: bool = False,
     ) -> list[dict[str, Any]]:
         """``self.runs`` rounds of every system in turn, back to back, each under its key with the load
-        average before and after the round; ``summary`` makes a round's log line."""
+        average before and after the round; ``summary`` makes a round's log line. ``alternate``: every
+        second round runs the systems in the reverse order, so that none always runs first (on a cold
+        cache) or last (on a machine the others have heated)."""
         rounds = []
         for n in range(self.runs):
             entry: dict[str, Any] = {"load_before": load_average(), "runtime": self.runtime}
-            for key, run in systems.items():
+            order = list(systems.items())
+            for key, run in reversed(order) if alternate and n % 2 else order:
                 entry[key] = run()
             entry["load_after"] = load_average()
             rounds.append(entry)
@@ -430,14 +467,24 @@ class Bench:
             "files", data, settings, BATCH_PER_PARTITION, fmt=fmt, transform=transform
         ).to_dict()
 
+    def _sink_run(self, config: str, data: Dataset) -> dict[str, Any]:
+        """One run of the pipeline of ``config`` (a `bench.pipelines.SINKS` key) over ``data``."""
+        return self._pipeline(config, data, self.settings, BATCH_PER_PARTITION).to_dict()
+
     def _structured_streaming(
-        self, data: Dataset, avro_schema: str | None = None, *, nested: bool = False
+        self, data: Dataset, avro_schema: str | None = None, *, nested: bool = False, delta: bool = False
     ) -> dict[str, Any]:
         """One run of Structured Streaming over ``data`` (see `peers.runs.structured_streaming`)."""
         from bench.peers import runs as peer_runs
 
         sss = peer_runs.structured_streaming(
-            self.settings, data, self.workdir, BATCH_PER_PARTITION * PARTITIONS, avro_schema, nested=nested
+            self.settings,
+            data,
+            self.workdir,
+            BATCH_PER_PARTITION * PARTITIONS,
+            avro_schema,
+            nested=nested,
+            delta=delta,
         )
         return dataclasses.asdict(sss) | {"records_per_s": sss.records_per_s}
 
@@ -579,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps",
         help="comma-separated subset of: startup,overhead,latency,follow,jobs,airflow,commit,"
-        "protocol,throughput,avro,nested,nested_avro,memory,runtime_memory (default: all but "
+        "protocol,throughput,avro,nested,nested_avro,delta,memory,runtime_memory (default: all but "
         "runtime_memory)",
     )
     parser.add_argument(
@@ -649,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         "avro": lambda: bench.avro(sizes, peer_sizes),
         "nested": lambda: bench.nested(sizes, peer_sizes, jvm_sizes),
         "nested_avro": lambda: bench.nested_avro(sizes, peer_sizes),
+        "delta": lambda: bench.delta(sizes, peer_sizes, () if "commit" in chosen else commit_sizes),
         "memory": lambda: bench.memory(max(sizes)),
         "runtime_memory": lambda: bench.runtime_memory(args.runtime_pipelines, args.runtime_epochs),
     }

@@ -14,7 +14,14 @@ from pathlib import Path
 
 from bench.dataset import MIN_AMOUNT, Dataset, create_topic, delete_topics, kept
 from bench.memory import TreePeak, TreeSampler
-from bench.peers.setup import HERE, quix_python, spark_avro_jars, spark_kafka_jars
+from bench.peers.setup import (
+    DELTA_SPARK_CONF,
+    HERE,
+    quix_python,
+    spark_avro_jars,
+    spark_delta_jars,
+    spark_kafka_jars,
+)
 from onceflow.config import Settings
 from onceflow.engine.submit import spark_environment
 
@@ -59,19 +66,28 @@ def structured_streaming(
     avro_schema: str | None = None,
     *,
     nested: bool = False,
+    delta: bool = False,
 ) -> PeerRun:
     """spark-submit the Structured Streaming job with the same master and settings as onceflow's slices.
 
     ``avro_schema`` (JSON text): the topic holds Avro in the registry wire format, read with ``from_avro``.
     ``nested``: the topic holds the nested data set (as JSON, or as Avro with ``avro_schema``).
+    ``delta``: the job writes with Structured Streaming's Delta sink (delta-spark) instead of foreachBatch.
     """
     run_dir = workdir / f"sss-{uuid.uuid4().hex[:8]}"
-    jars = [*spark_kafka_jars(), *(spark_avro_jars() if avro_schema else [])]
+    jars = [
+        *spark_kafka_jars(),
+        *(spark_avro_jars() if avro_schema else []),
+        *(spark_delta_jars() if delta else []),
+    ]
+    conf = {**DELTA_SPARK_CONF} if delta else {}
+    delta_conf = [part for key, value in conf.items() for part in ("--conf", f"{key}={value}")]
     command = [
         "spark-submit",
         "--master", "local[2]",
         "--conf", "spark.ui.enabled=false",
         "--conf", "spark.sql.shuffle.partitions=4",
+        *delta_conf,
         "--jars", ",".join(str(j) for j in jars),
         str(HERE / "spark_streaming_job.py"),
         "--bootstrap", settings.kafka_bootstrap,
@@ -82,6 +98,7 @@ def structured_streaming(
         "--min-amount", str(MIN_AMOUNT),
         *(["--avro-schema", avro_schema] if avro_schema else []),
         *(["--nested"] if nested else []),
+        *(["--delta"] if delta else []),
     ]  # fmt: skip
     env = spark_environment(settings)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
@@ -91,7 +108,8 @@ def structured_streaming(
         shutil.rmtree(run_dir, ignore_errors=True)
     if summary["rows"] != kept(data.records):
         raise PeerFailed(f"Structured Streaming wrote {summary['rows']} rows, expected {kept(data.records)}")
-    name = "spark_structured_streaming" + ("_nested" if nested else "") + ("_avro" if avro_schema else "")
+    suffixes = (("_nested", nested), ("_avro", avro_schema), ("_delta", delta))
+    name = "spark_structured_streaming" + "".join(suffix for suffix, on in suffixes if on)
     return PeerRun(name, data.records, wall, summary["processing_s"], summary["rows"], memory)
 
 

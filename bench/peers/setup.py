@@ -1,7 +1,8 @@
 """What the peers need, installed on first use into the git-ignored .cache/ folder.
 
 * Spark's Kafka source jars, resolved from Maven Central with ``mvn`` (as infra/kafka.sh resolves the
-  broker), for the Structured Streaming peer, and spark-avro for its ``from_avro`` variant.
+  broker), for the Structured Streaming peer, spark-avro for its ``from_avro`` variant and delta-spark
+  (with delta-storage) for its Delta sink.
 * A separate virtualenv for quix-streams: it requires confluent-kafka < 2.13, while onceflow pins 2.16.1,
   so it cannot share onceflow's environment without changing a pinned version. Its packages are pinned
   in quix-requirements.txt.
@@ -18,11 +19,19 @@ ROOT = HERE.parents[1]
 CACHE = ROOT / ".cache"
 SPARK_KAFKA_JARS = CACHE / "spark-kafka"
 SPARK_AVRO_JARS = CACHE / "spark-avro"
+SPARK_DELTA_JARS = CACHE / "spark-delta"
 QUIX_VENV = CACHE / "quix-venv"
 # Only these artifacts: everything else the Kafka source needs is already in pyspark's jars.
 JAR_ARTIFACTS = "spark-sql-kafka-0-10_2.13,spark-token-provider-kafka-0-10_2.13,kafka-clients,commons-pool2"
 # spark-avro alone: the avro jars it uses are pyspark's.
 AVRO_JAR_ARTIFACTS = "spark-avro_2.13"
+# delta-spark and delta-storage: the rest of what they use (antlr4, scala) is in pyspark's jars.
+DELTA_JAR_ARTIFACTS = "delta-spark_2.13,delta-storage"
+# The Spark settings a session needs to write Delta tables (the SQL commands and the catalog of delta-spark).
+DELTA_SPARK_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
 
 
 def _say(message: str) -> None:
@@ -37,6 +46,12 @@ def spark_kafka_jars() -> list[Path]:
 def spark_avro_jars() -> list[Path]:
     """spark-avro's jar (``from_avro``) for spark-submit ``--jars``, resolved once."""
     return _maven_jars("spark-avro", AVRO_JAR_ARTIFACTS, SPARK_AVRO_JARS)
+
+
+def spark_delta_jars() -> list[Path]:
+    """delta-spark's and delta-storage's jars (``format("delta")``) for spark-submit ``--jars``, resolved
+    once."""
+    return _maven_jars("delta-spark", DELTA_JAR_ARTIFACTS, SPARK_DELTA_JARS)
 
 
 def _maven_jars(what: str, artifacts: str, folder: Path) -> list[Path]:

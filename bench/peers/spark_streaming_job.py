@@ -5,11 +5,15 @@ With ``--avro-schema``, the values are Avro in the schema registry wire format i
 schema, which is how a Spark job reads such a topic without a registry client. With ``--nested``, the
 values are the nested data set's orders, read with ``from_json`` and a nested ``StructType`` (or, with
 ``--avro-schema`` too, with ``from_avro`` and that nested schema), and the items are written with the
-three columns.
+three columns. With ``--delta``, the rows go to Structured Streaming's own Delta sink instead
+(``writeStream.format("delta")`` into the table at ``--out``; the session needs delta-spark's jars and
+SQL extension): each micro-batch is one Delta commit with a ``txn`` action of the query's id and batch
+id, so a replayed batch adds nothing, Delta's exactly-once for streaming writes.
 
-Each micro-batch overwrites ``out/batch=<id>``: a replayed batch id rewrites the same folder, which is how
-foreachBatch output is made idempotent (Spark itself gives foreachBatch at-least-once). The checkpoint's
-offset and commit logs give the replay. Prints one JSON line: {"processing_s", "rows", "batches"}.
+Without ``--delta``, each micro-batch overwrites ``out/batch=<id>``: a replayed batch id rewrites the
+same folder, which is how foreachBatch output is made idempotent (Spark itself gives foreachBatch
+at-least-once). The checkpoint's offset and commit logs give the replay. Prints one JSON line:
+{"processing_s", "rows", "batches"}.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def main() -> None:
     parser.add_argument("--min-amount", type=float, required=True)
     parser.add_argument("--avro-schema", help="the writer's Avro schema (JSON text): values are Avro")
     parser.add_argument("--nested", action="store_true", help="the nested data set: orders with items")
+    parser.add_argument("--delta", action="store_true", help="write a Delta table at --out")
     args = parser.parse_args()
 
     spark = SparkSession.builder.appName("onceflow-bench-structured-streaming").getOrCreate()
@@ -88,15 +93,18 @@ def main() -> None:
         batches.append(batch_id)
 
     started = time.perf_counter()
-    query = (
-        rows.writeStream.foreachBatch(write)
-        .option("checkpointLocation", args.checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
+    stream = rows.writeStream.option("checkpointLocation", args.checkpoint).trigger(availableNow=True)
+    if args.delta:
+        query = stream.format("delta").outputMode("append").start(args.out)
+    else:
+        query = stream.foreachBatch(write).start()
     query.awaitTermination()
     elapsed = time.perf_counter() - started
-    written = spark.read.parquet(args.out).count()
+    if args.delta:
+        written = spark.read.format("delta").load(args.out).count()
+        batches = [p for p in query.recentProgress if p.numInputRows]
+    else:
+        written = spark.read.parquet(args.out).count()
     spark.stop()
     print(json.dumps({"processing_s": elapsed, "rows": written, "batches": len(batches)}))
 

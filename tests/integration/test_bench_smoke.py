@@ -33,7 +33,7 @@ def test_smoke_run_writes_report(settings, tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "report.json").read_text())
-    assert set(results["commit_cost"]) == {"postgres_2pc", "files", "kafka"}
+    assert set(results["commit_cost"]) == {"postgres_2pc", "files", "kafka", "delta"}
     assert results["throughput"]["2000"][0]["limit"]["records_per_s"] > 0
     assert set(results["sink_protocol"]["1000"][0]) == {"plain_s", "postgres_2pc_s"}
     report = (tmp_path / "report.md").read_text()
@@ -46,3 +46,4 @@ def test_smoke_run_writes_report(settings, tmp_path) -> None:
     for heading in headings:
         assert heading in report
     assert "| postgres_2pc |" in report
+    assert "| delta |" in report  # the Delta commit, staged and committed through delta-rs
