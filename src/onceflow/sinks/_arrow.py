@@ -50,18 +50,43 @@ def as_declared(column: pa.Array, declared: pa.DataType, where: str) -> pa.Array
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if column.type == declared:
-        return column
     source = column.type
     try:
-        if _cast_is_conversion(source, declared):
+        if column.type == declared and not hides_nulls(column):
+            return column
+        if column.type != declared and _cast_is_conversion(source, declared):
             try:
-                return pc.cast(column, declared, safe=True)
+                cast = pc.cast(column, declared, safe=True)
+                if not hides_nulls(cast):
+                    return cast
             except pa.ArrowNotImplementedError:
                 pass  # a kind of list Arrow cannot cast to a list: through the values, as rows go
         return pa.array(column.to_pylist(), type=declared)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError) as exc:
         raise RowError(f"{where}: rows do not fit: column of {source} as {declared}: {exc}") from exc
+
+
+def hides_nulls(column: pa.Array) -> bool:
+    """Whether a non-nullable field of a struct holds nulls where its struct is null. Spark's Arrow
+    batches are made so, and Parquet's writer refuses such a field although no reader sees those
+    values; through Python values the slots are filled and the column written."""
+    import pyarrow as pa
+
+    types = pa.types
+    if isinstance(column, pa.ChunkedArray):
+        return any(hides_nulls(chunk) for chunk in column.chunks)
+    kind = column.type
+    if types.is_struct(kind):
+        for index, field in enumerate(kind):
+            child = column.field(index)
+            if (not field.nullable and child.null_count) or hides_nulls(child):
+                return True
+        return False
+    if types.is_map(kind):
+        return hides_nulls(column.keys) or hides_nulls(column.items)
+    if types.is_list(kind) or types.is_large_list(kind):
+        return hides_nulls(column.values)
+    return False
 
 
 def as_inferred(column: pa.Array, where: str) -> pa.Array:
