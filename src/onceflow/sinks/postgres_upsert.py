@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
+from onceflow.sinks._changes import CHANGE_COLUMNS
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import (
     PG_TABLE_SETTINGS,
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
     from onceflow.pipeline import Pipeline
 
 KIND = "postgres_upsert"
-# What a change's row carries beside the table's columns (`postgres_changes` stages the same).
-CHANGE_COLUMNS = ("_op", "_partition", "_offset")
 
 
 @dataclass(frozen=True)

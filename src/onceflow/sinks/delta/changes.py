@@ -25,31 +25,31 @@ so no task can decide what the table holds; the halves split as in `iceberg_chan
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
-from onceflow.sinks._config import ConfigReader
-from onceflow.sinks.base import Committable
-from onceflow.sinks.delta import SINK_KIND as APPEND_KIND
-from onceflow.sinks.delta import layout
-from onceflow.sinks.delta.committer import DeltaCommitter, _by_epoch, _one_line, app_id, committed_epoch
-from onceflow.sinks.delta.config import DeltaConfig, declared_schema
-from onceflow.sinks.delta.writer import DeltaWriter, check_table
-from onceflow.sinks.errors import RetryLater, RowError, StagedOutputLost
-from onceflow.sinks.iceberg.changes import (
+from onceflow.sinks._changes import (
     CHANGE_COLUMNS,
     OFFSET,
     OP,
     PARTITION,
-    _fit,
-    _max_offsets,
-    last_changes,
+    change_columns,
+    change_settings,
+    check_key,
+    stream_key,
 )
-from onceflow.sinks.registry import SinkKind, SinkSetting, configured_columns
+from onceflow.sinks._config import ConfigReader
+from onceflow.sinks.base import Committable
+from onceflow.sinks.delta import SINK_KIND as APPEND_KIND
+from onceflow.sinks.delta import layout
+from onceflow.sinks.delta.committer import DeltaCommitter, committed_epoch
+from onceflow.sinks.delta.config import DeltaConfig, declared_schema
+from onceflow.sinks.delta.writer import DeltaWriter, check_table
+from onceflow.sinks.errors import RowError
+from onceflow.sinks.iceberg.changes import _fit, _max_offsets, last_changes
+from onceflow.sinks.registry import SinkKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -184,56 +184,12 @@ class DeltaChangesCommitter(DeltaCommitter):
         self.changes = _as_config(config)
         super().__init__(self.changes.table)
 
-    def commit(self, committables: Sequence[Committable]) -> None:
-        """Per epoch: apply it (`_commit_epoch`), then delete its staged files and markers."""
-        for epoch, group in _by_epoch(committables).items():
-            for c in group:
-                if c.handle.get("incomplete"):
-                    raise StagedOutputLost(f"{KIND}: {c.sink} epoch {c.epoch} {c.task} never pre-committed")
-            self._commit_epoch(epoch, group)
-            self._forget(group)
+    staged_what = "staged change files"
 
-    def _commit_epoch(self, epoch: int, group: list[Committable]) -> None:
-        """1. re-read the table; if the log has the epoch's txn, stop; 2. read every staged file (all
-        there, or the epoch is lost); 3. one merge commit (with the txn), conflicts back to 1."""
-        from deltalake.exceptions import CommitFailedError
-
-        specs = [spec for c in group for spec in c.handle.get("files", [])]
-        if not specs:
-            return  # no change: the next epoch's txn version covers this one
-        last_error: Exception | None = None
-        for attempt in range(1, self.config.commit_retries + 2):
-            table = self._load()  # 1.
-            if table is None:
-                raise StagedOutputLost(
-                    f"{self.config.where}: the table is gone, with epoch {epoch}'s changes"
-                )
-            if committed_epoch(table, group[0].pipeline, group[0].sink) >= epoch:
-                return
-            missing = [s["path"] for s in specs if not self._store.exists(self._uri(s["path"]))]  # 2.
-            if missing:
-                raise StagedOutputLost(
-                    f"{self.config.where}: epoch {epoch} is not in the table and {len(missing)} of its "
-                    f"staged change files are gone (e.g. {missing[0]})"
-                )
-            try:
-                self._apply(table, epoch, group, [s["path"] for s in specs])  # 3.
-                return
-            except CommitFailedError as exc:
-                last_error = exc
-                log.info("%s: epoch %s commit conflicted (%s); re-reading", self.config.where, epoch, exc)
-                time.sleep(min(0.05 * (2 ** (attempt - 1)), 2.0) * (1 + random.random()))
-        table = self._load()
-        if table is not None and committed_epoch(table, group[0].pipeline, group[0].sink) >= epoch:
-            return
-        raise RetryLater(
-            f"{self.config.where}: epoch {epoch} conflicts with another writer of the table after "
-            f"{self.config.commit_retries + 1} tries ({_one_line(last_error)}); nothing of it is in the table"
-        )
-
-    def _apply(self, table: Any, epoch: int, group: list[Committable], paths: list[str]) -> None:
+    def _write(self, table: Any, epoch: int, group: list[Committable], specs: list[dict[str, Any]]) -> None:
         """The epoch's changes merged into ``table`` in one commit that holds its txn action; when the
         merge changes nothing (and so commits nothing), the txn action alone."""
+        paths = [s["path"] for s in specs]
         changes, truncated = applicable(self._read_staged(table, paths), self.changes.key_columns)
         source = changes.drop_columns([PARTITION, OFFSET])
         properties = self._commit_properties(epoch, group)
@@ -263,21 +219,6 @@ class DeltaChangesCommitter(DeltaCommitter):
             [], "append", table.schema(), partition_by=partition_by or None, commit_properties=properties
         )
 
-    def _commit_properties(self, epoch: int, group: list[Committable]) -> Any:
-        from deltalake import CommitProperties, Transaction
-
-        first = group[0]
-        return CommitProperties(
-            custom_metadata={
-                "onceflow.pipeline": first.pipeline,
-                "onceflow.sink": first.sink,
-                "onceflow.epoch": epoch,
-                "onceflow.participants": len(group),
-            },
-            max_commit_retries=self.config.commit_retries,
-            app_transactions=[Transaction(app_id(first.pipeline, first.sink), epoch)],
-        )
-
     def _read_staged(self, table: Any, paths: Sequence[str]) -> pa.Table:
         """The staged changes, in the table's current columns (columns added since as nulls)."""
         import pyarrow as pa
@@ -290,9 +231,9 @@ class DeltaChangesCommitter(DeltaCommitter):
         ]
         return pa.concat_tables(parts) if parts else schema.empty_table()
 
-    def _forget(self, committables: Sequence[Committable]) -> None:
+    def _forget(self, group: Sequence[Committable]) -> None:
         """The attempts' staged files and markers: the log never names them, so they simply go."""
-        for c in committables:
+        for c in group:
             self._store.delete_dir(layout.attempt_dir(self.config.path, c))
             self._store.delete_file(layout.marker_uri(self.config.path, c))
 
@@ -309,59 +250,11 @@ def plan_checks(
 ) -> None:
     """Only a change stream has ops to apply, by the key it is partitioned by; then each table is
     created, or checked, as the `delta` sink does."""
-    from onceflow.pipeline import AvroFormat, JsonFormat
-
-    if not isinstance(spec.format, JsonFormat | AvroFormat) or spec.format.changes is None:
-        names = [str(c["name"]) for c in configs]
-        raise ConfigError(
-            f"sinks {names} ({KIND}) apply change events by key: give the format changes=Debezium(...), "
-            "or use the delta sink for records"
-        )
-    stream_key = spec.format.changes.key
+    key = stream_key(spec, configs, KIND, "delta")
     for mapping in configs:
         config = DeltaChangesConfig.from_mapping(mapping)
-        if stream_key and set(config.key_columns) != set(stream_key):
-            raise ConfigError(
-                f"{config.where}: key_columns {list(config.key_columns)} are not the change stream's key "
-                f"{list(stream_key)}, whose partitions order each key's changes"
-            )
+        check_key(config.where, config.key_columns, key)
         check_table(config.table, config.table.columns, apply)
-
-
-def _columns(config: Mapping[str, Any]) -> list[str]:
-    """The rows this sink takes: the table's columns and the change's op and source position."""
-    return [*(configured_columns(config) or []), *CHANGE_COLUMNS]
-
-
-def _settings() -> tuple[SinkSetting, ...]:
-    """The `delta` sink's settings, ``columns`` required, and the key columns."""
-    shared = []
-    for setting in APPEND_KIND.settings:
-        if setting.key == "columns":
-            setting = SinkSetting(
-                "columns",
-                "columns",
-                setting.meaning.replace("; columns nullable", "; columns nullable, key columns flat"),
-                required=True,
-            )
-        elif setting.key == "rows_per_file":
-            setting = SinkSetting(
-                "rows_per_file",
-                "integer",
-                "changes a task stages in one file, at most (and holds in memory)",
-                default=setting.default,
-                minimum=setting.minimum,
-            )
-        shared.append(setting)
-    return (
-        *shared,
-        SinkSetting(
-            "key_columns",
-            "names",
-            "the columns that identify a row, what changes are applied by: the change stream's key",
-            required=True,
-        ),
-    )
 
 
 SINK_KIND = SinkKind(
@@ -369,7 +262,7 @@ SINK_KIND = SinkKind(
     writer=DeltaChangesWriter,
     committer=DeltaChangesCommitter,
     guarantee="exactly_once",
-    columns=_columns,
+    columns=change_columns,
     plan_checks=plan_checks,
-    settings=_settings(),
+    settings=change_settings(APPEND_KIND.settings),
 )

@@ -53,59 +53,46 @@ class DeltaCommitter:
             return None
         return DeltaTable(self.config.path)
 
+    # What an epoch's staged files hold, as errors name them.
+    staged_what = "data files"
+
     def commit(self, committables: Sequence[Committable]) -> None:
         """Per epoch: 1. re-read the table; if the log has the epoch's txn, stop; 2. check every staged
-        file is there; 3. one commit (adds + txn), conflicts back to 1; 4. delete the markers."""
+        file is there; 3. one commit (`_write`, with the txn), conflicts back to 1; 4. `_forget`."""
         for epoch, group in _by_epoch(committables).items():
             for c in group:
                 if c.handle.get("incomplete"):
-                    raise StagedOutputLost(f"delta: {c.sink} epoch {c.epoch} {c.task} never pre-committed")
+                    raise StagedOutputLost(
+                        f"{self.config.kind}: {c.sink} epoch {c.epoch} {c.task} never pre-committed"
+                    )
             self._commit_epoch(epoch, group)
-            for c in group:
-                self._store.delete_file(layout.marker_uri(self.config.path, c))
+            self._forget(group)
 
     def _commit_epoch(self, epoch: int, group: list[Committable]) -> None:
-        from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError
 
         first = group[0]
         specs = [spec for c in group for spec in c.handle.get("files", [])]
         if not specs:
-            return  # nothing to add: the next epoch's txn version covers this one
+            return  # nothing staged: the next epoch's txn version covers this one
         last_error: Exception | None = None
         for attempt in range(1, self.config.commit_retries + 2):
             table = self._load()  # 1.
             if table is None:
                 raise StagedOutputLost(
-                    f"{self.config.where}: the table is gone, with epoch {epoch}'s {len(specs)} data files"
+                    f"{self.config.where}: the table is gone, with epoch {epoch}'s {len(specs)} "
+                    f"{self.staged_what}"
                 )
             if committed_epoch(table, first.pipeline, first.sink) >= epoch:
                 return
             missing = [s["path"] for s in specs if not self._store.exists(self._uri(s["path"]))]  # 2.
             if missing:
                 raise StagedOutputLost(
-                    f"{self.config.where}: epoch {epoch} is not in the table and {len(missing)} of its data "
-                    f"files are gone (e.g. {missing[0]})"
+                    f"{self.config.where}: epoch {epoch} is not in the table and {len(missing)} of its "
+                    f"{self.staged_what} are gone (e.g. {missing[0]})"
                 )
-            properties = CommitProperties(  # 3.
-                custom_metadata={
-                    "onceflow.pipeline": first.pipeline,
-                    "onceflow.sink": first.sink,
-                    "onceflow.epoch": epoch,
-                    "onceflow.participants": len(group),
-                },
-                max_commit_retries=self.config.commit_retries,
-                app_transactions=[Transaction(app_id(first.pipeline, first.sink), epoch)],
-            )
-            partition_by = list(table.metadata().partition_columns)
             try:
-                table.create_write_transaction(
-                    [layout.add_action(s) for s in specs],
-                    "append",
-                    table.schema(),
-                    partition_by=partition_by or None,
-                    commit_properties=properties,
-                )
+                self._write(table, epoch, group, specs)  # 3.
                 return
             except CommitFailedError as exc:
                 last_error = exc
@@ -118,6 +105,38 @@ class DeltaCommitter:
             f"{self.config.where}: epoch {epoch} conflicts with another writer of the table after "
             f"{self.config.commit_retries + 1} tries ({_one_line(last_error)}); nothing of it is in the table"
         )
+
+    def _write(self, table: Any, epoch: int, group: list[Committable], specs: list[dict[str, Any]]) -> None:
+        """The epoch's one Delta commit: its staged files added as they are, with its txn."""
+        partition_by = list(table.metadata().partition_columns)
+        table.create_write_transaction(
+            [layout.add_action(s) for s in specs],
+            "append",
+            table.schema(),
+            partition_by=partition_by or None,
+            commit_properties=self._commit_properties(epoch, group),
+        )
+
+    def _commit_properties(self, epoch: int, group: list[Committable]) -> Any:
+        """The commit's ``txn`` action and the ``commitInfo`` that names its pipeline, sink and epoch."""
+        from deltalake import CommitProperties, Transaction
+
+        first = group[0]
+        return CommitProperties(
+            custom_metadata={
+                "onceflow.pipeline": first.pipeline,
+                "onceflow.sink": first.sink,
+                "onceflow.epoch": epoch,
+                "onceflow.participants": len(group),
+            },
+            max_commit_retries=self.config.commit_retries,
+            app_transactions=[Transaction(app_id(first.pipeline, first.sink), epoch)],
+        )
+
+    def _forget(self, group: Sequence[Committable]) -> None:
+        """After the commit: the markers go; the files are the table's now."""
+        for c in group:
+            self._store.delete_file(layout.marker_uri(self.config.path, c))
 
     def _uri(self, relative: str) -> str:
         return f"{self._store.uri(self._store.path(self.config.path)).rstrip('/')}/{relative}"

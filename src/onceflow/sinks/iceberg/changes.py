@@ -30,6 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.decoding.debezium import OPS
 from onceflow.errors import ConfigError
+from onceflow.sinks._changes import (
+    CHANGE_COLUMNS,
+    OFFSET,
+    OP,
+    PARTITION,
+    change_columns,
+    change_settings,
+    check_key,
+    stream_key,
+)
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks.base import Committable, Row, TaskContext
 from onceflow.sinks.errors import RowError, StagedOutputLost, WriterStateError
@@ -58,7 +68,7 @@ from onceflow.sinks.iceberg import (
     start_attempt,
 )
 from onceflow.sinks.iceberg import table as tables
-from onceflow.sinks.registry import SinkKind, SinkSetting
+from onceflow.sinks.registry import SinkKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -69,8 +79,6 @@ if TYPE_CHECKING:
     from onceflow.pipeline import Pipeline
 
 KIND = "iceberg_changes"
-OP, PARTITION, OFFSET = "_op", "_partition", "_offset"
-CHANGE_COLUMNS = (OP, PARTITION, OFFSET)
 SUMMARY_DELETED_KEYS = "onceflow.deleted-keys"
 SUMMARY_UPSERTED_KEYS = "onceflow.upserted-keys"
 SUMMARY_TRUNCATED = "onceflow.truncated"
@@ -543,22 +551,10 @@ def plan_checks(
 ) -> None:
     """Only a change stream has ops to apply, by the key it is partitioned by; then each table is
     created, or checked (and given new columns), as the append sink does."""
-    from onceflow.pipeline import AvroFormat, JsonFormat
-
-    if not isinstance(spec.format, JsonFormat | AvroFormat) or spec.format.changes is None:
-        names = [str(c["name"]) for c in configs]
-        raise ConfigError(
-            f"sinks {names} ({KIND}) apply change events by key: give the format changes=Debezium(...), "
-            "or use the iceberg sink for records"
-        )
-    stream_key = spec.format.changes.key
+    key = stream_key(spec, configs, KIND, "iceberg")
     for mapping in configs:
         config = ChangesConfig.from_mapping(mapping)
-        if stream_key and set(config.key_columns) != set(stream_key):
-            raise ConfigError(
-                f"{config.where}: key_columns {list(config.key_columns)} are not the change stream's key "
-                f"{list(stream_key)}, whose partitions order each key's changes"
-            )
+        check_key(config.where, config.key_columns, key)
         if apply:
             _ensure_table(config)
             continue
@@ -571,51 +567,13 @@ def _defaults(settings: Settings) -> dict[str, Any]:
     return {"catalog_properties": default_catalog_properties(settings.home)}
 
 
-def _columns(config: Mapping[str, Any]) -> list[str]:
-    """The rows this sink takes: the table's columns and the change's op and source position."""
-    from onceflow.sinks.registry import configured_columns
-
-    return [*(configured_columns(config) or []), *CHANGE_COLUMNS]
-
-
-def _settings() -> tuple[SinkSetting, ...]:
-    """The append sink's settings, ``columns`` required, and the key columns."""
-    shared = []
-    for setting in APPEND_KIND.settings:
-        if setting.key == "columns":
-            setting = SinkSetting(
-                "columns",
-                "columns",
-                setting.meaning.replace("; columns nullable", "; columns nullable, key columns flat"),
-                required=True,
-            )
-        elif setting.key == "rows_per_file":
-            setting = SinkSetting(
-                "rows_per_file",
-                "integer",
-                "changes a task stages in one file, at most (and holds in memory)",
-                default=setting.default,
-                minimum=setting.minimum,
-            )
-        shared.append(setting)
-    return (
-        *shared,
-        SinkSetting(
-            "key_columns",
-            "names",
-            "the columns that identify a row, what changes are applied by: the change stream's key",
-            required=True,
-        ),
-    )
-
-
 SINK_KIND = SinkKind(
     name=KIND,
     writer=IcebergChangesWriter,
     committer=IcebergChangesCommitter,
     guarantee="exactly_once",
-    columns=_columns,
+    columns=change_columns,
     plan_checks=plan_checks,
     defaults=_defaults,
-    settings=_settings(),
+    settings=change_settings(APPEND_KIND.settings),
 )
