@@ -43,6 +43,8 @@ from tests.faults.workload import AVRO_BAD_INPUT, BAD_INPUT, Workload, avro_regi
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = "tests.faults.pipelines:RECORDS"
+# The records pipeline's sinks, in the order its verdict tallies them.
+RECORDS_SINKS = ("pg", "files", "iceberg", "delta", "kafka")
 TABLE = "tests.faults.pipelines:TABLE"
 
 
@@ -70,7 +72,8 @@ def _epoch_fault(point: str, skip: int = 0) -> Fault:
 
 
 # Crash points that fire while one epoch runs, with the largest skip that still fires for the records
-# pipeline (two slices, several tasks each, three sinks).
+# pipeline (two slices, several tasks each, five sinks; the coordinator commits them in name order:
+# delta, files, iceberg, kafka, pg).
 EPOCH_POINTS: dict[str, int] = {
     "after_plan": 0,
     "task_mid_read": 2,
@@ -80,8 +83,8 @@ EPOCH_POINTS: dict[str, int] = {
     "slice_after_precommits": 1,
     "before_decision": 0,
     "after_decision": 0,
-    "participant_committed": 2,
-    "between_commits": 1,
+    "participant_committed": 4,
+    "between_commits": 3,
     "before_complete": 0,
     "kafka.produced": 1,
     "kafka.offsets_sent": 1,
@@ -466,6 +469,7 @@ SINK_ROWS = {
     "wal": "write-ahead-log sink",
     "two_phase": "two-phase commit sink",
     "iceberg": "Iceberg sink (one snapshot per epoch)",
+    "delta": "Delta sink (one commit per epoch)",
 }
 SOURCES = {"socket": "non-replayable source (socket)", "kafka": "replayable source (Kafka)"}
 # The seeds' summary table, which the observed one must equal.
@@ -475,14 +479,17 @@ SEEDS_TABLE = {
     "wal": {"socket": "at-most-once", "kafka": "at-least-once"},
     "two_phase": {"socket": "at-most-once", "kafka": "exactly-once"},
     "iceberg": {"socket": "at-most-once", "kafka": "exactly-once"},
+    "delta": {"socket": "at-most-once", "kafka": "exactly-once"},
 }
-# One fault schedule for every cell: one epoch per entry, each with its crash, then recovery.
+# One fault schedule for every cell: one epoch per entry, each with its crash, then recovery. The sinks
+# commit in name order (delta, iceberg, idempotent, plain, two_phase, wal): the coordinator dies with the
+# first three committed.
 TABLE_SCHEDULE: tuple[Crash, ...] = (
     Crash("task_mid_read"),
     Crash("task_after_stage", 3),
     Crash("before_decision"),
     Crash("wal.pushed"),
-    Crash("participant_committed", 1),
+    Crash("participant_committed", 2),
     Crash("after_decision"),
     Crash("before_complete"),
 )
@@ -492,15 +499,18 @@ TABLE_EPOCH = 30  # records per epoch
 def observe_table(scenario: Scenario, pg: Any, expected: set[int]) -> dict[str, invariants.SinkTally]:
     home = scenario.root / "home"
     return {
-        sink.name: invariants.tally(
-            sink.name,
-            expected,
-            invariants.iceberg_ids(scenario.spec, sink.name, home)
-            if sink.kind == "iceberg"
-            else invariants.pg_ids(pg, sink.config["table"]),
-        )
+        sink.name: invariants.tally(sink.name, expected, _table_ids(scenario, pg, sink.name, sink.kind, home))
         for sink in scenario.spec.sinks
     }
+
+
+def _table_ids(scenario: Scenario, pg: Any, sink: str, kind: str, home: Path) -> list[int]:
+    if kind == "iceberg":
+        return invariants.iceberg_ids(scenario.spec, sink, home)
+    if kind == "delta":
+        return invariants.delta_ids(scenario.spec, sink)
+    table = next(s for s in scenario.spec.sinks if s.name == sink).config["table"]
+    return invariants.pg_ids(pg, table)
 
 
 def table_column_kafka(scenario: Scenario, pg: Any, schedule: Sequence[Crash]) -> dict[str, Any]:
@@ -577,15 +587,14 @@ def run_markdown(run: FaultRun) -> str:
         f"Seed {run.seed}, executor {run.executor}: {len(run.records)} faults, "
         f"{sum(r.fired for r in run.records)} fired, {len(run.violations)} violations, {run.seconds:.0f} s.",
         "",
-        "| # | fault | produced | exits | pg | files | iceberg | kafka | invariants |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| # | fault | produced | exits | {' | '.join(RECORDS_SINKS)} | invariants |",
+        f"| --- | --- | --- | --- | {' | '.join('---' for _ in RECORDS_SINKS)} | --- |",
     ]
     for r in run.records:
         exits = ", ".join(f"{s.step}:{s.returncode}" for s in r.steps)
         tallies = {t.sink: t for t in r.verdict.tallies}
         counts = [
-            f"{tallies[s].delivered}/{tallies[s].expected}" if s in tallies else "-"
-            for s in ("pg", "files", "iceberg", "kafka")
+            f"{tallies[s].delivered}/{tallies[s].expected}" if s in tallies else "-" for s in RECORDS_SINKS
         ]
         verdict = "ok" if not r.verdict.violations else "; ".join(r.verdict.violations)
         lines.append(

@@ -173,6 +173,97 @@ def iceberg_leftovers(spec: Pipeline, home: Path) -> list[str]:
     return problems
 
 
+def _delta_path(spec: Pipeline, sink: str) -> str:
+    from onceflow.sinks.delta import DeltaConfig
+
+    found = next(s for s in spec.sinks if s.name == sink)
+    return DeltaConfig.from_mapping(found.config).path
+
+
+def _delta_table(spec: Pipeline, sink: str) -> Any:
+    """The Delta sink's table at its current version, or None before the first plan created it."""
+    from deltalake import DeltaTable
+
+    path = _delta_path(spec, sink)
+    return DeltaTable(path) if DeltaTable.is_deltatable(path) else None
+
+
+def delta_ids(spec: Pipeline, sink: str) -> list[int]:
+    """The ids an engine reading the Delta sink's table sees (delta-rs at the table's current version)."""
+    table = _delta_table(spec, sink)
+    return [] if table is None else table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+
+
+def delta_order_violations(spec: Pipeline, sink: str) -> list[str]:
+    """Within each data file of the Delta sink's current version (one task's output), each source
+    partition's rows must keep their offset order, as in the files sink's files."""
+    import pyarrow.parquet as pq
+
+    table = _delta_table(spec, sink)
+    if table is None:
+        return []
+    problems = []
+    for uri in table.file_uris():
+        local = uri.removeprefix("file://")
+        rows = pq.read_table(local, columns=["_partition", "_offset"]).to_pylist()
+        problems += _inversions(
+            ((int(row["_partition"]), int(row["_offset"])) for row in rows),
+            lambda partition, name=Path(local).name: (
+                f"delta sink {sink}, {name}: source partition {partition}"
+            ),
+        )
+    return problems
+
+
+def delta_repeated_epochs(spec: Pipeline, sink: str) -> list[str]:
+    """Each epoch of the pipeline is in at most one version of the Delta sink's table (a second commit of
+    an epoch is a duplicate, even when every reader drops a data file added twice), and the table's
+    ``txn`` version for the pipeline's sink is the last epoch its commits name."""
+    from onceflow.sinks.delta.committer import committed_epoch
+
+    table = _delta_table(spec, sink)
+    if table is None:
+        return []
+    versions: dict[int, list[int]] = {}
+    for commit in table.history():
+        if commit.get("onceflow.pipeline") == spec.name and commit.get("onceflow.sink") == sink:
+            versions.setdefault(int(commit["onceflow.epoch"]), []).append(int(commit["version"]))
+    problems = [
+        f"delta sink {sink}: epoch {epoch} is in table versions {sorted(found)}"
+        for epoch, found in sorted(versions.items())
+        if len(found) > 1
+    ]
+    last, txn = max(versions, default=-1), committed_epoch(table, spec.name, sink)
+    if txn != last:
+        problems.append(f"delta sink {sink}: the txn version is {txn}, the last committed epoch {last}")
+    return problems
+
+
+def delta_leftovers(spec: Pipeline) -> list[str]:
+    """In Delta sinks: markers of staged attempts, data files in onceflow's staging area of the table that
+    the log does not reference, and an epoch committed twice (`delta_repeated_epochs`)."""
+    from onceflow.sinks.delta import layout
+    from onceflow.sinks.iceberg import files
+
+    problems = []
+    for sink in (s for s in spec.sinks if s.kind == "delta"):
+        table = _delta_table(spec, sink.name)
+        if table is None:
+            continue
+        path = _delta_path(spec, sink.name)
+        store = layout.Store.for_location(path)
+        markers = store.files_under(f"{layout.markers_location(path)}/{files.MARKERS}")
+        if markers:
+            problems.append(f"delta sink {sink.name}: staged attempts left: {markers[:3]}")
+        referenced = {store.path(uri) for uri in table.file_uris()}
+        data = store.files_under(files.data_root(path, spec.name, sink.name))
+        unreferenced = [uri for uri in data if store.path(uri) not in referenced]
+        if unreferenced:
+            problems.append(f"delta sink {sink.name}: unreferenced data files left: {unreferenced[:3]}")
+        problems += delta_repeated_epochs(spec, sink.name)
+    return problems
+
+
 def staged_changes_left(spec: Pipeline, pg: Any) -> list[str]:
     """Rows of the pipeline's change sinks (`postgres_changes`) still staged: once every epoch is
     committed or aborted, each staged change was applied (and deleted with its epoch) or rolled back."""
@@ -190,7 +281,8 @@ def staged_changes_left(spec: Pipeline, pg: Any) -> list[str]:
 
 
 def check_protocol_clean(spec: Pipeline, ledger: Ledger, pg: Any, root: Path) -> list[str]:
-    """No epoch in flight, committed offsets contiguous, nothing prepared or staged."""
+    """No epoch in flight, committed offsets contiguous, nothing prepared or staged, no epoch committed
+    twice to a Delta table."""
     problems = []
     if (open_epoch := ledger.open_epoch(spec.name)) is not None:
         problems.append(f"{open_epoch} is still in flight after recovery")
@@ -213,13 +305,15 @@ def check_protocol_clean(spec: Pipeline, ledger: Ledger, pg: Any, root: Path) ->
     if staged:
         problems.append(f"staging left: {staged[:5]}")
     problems += iceberg_leftovers(spec, root / "home")
+    problems += delta_leftovers(spec)
     return problems
 
 
 def check_records(
     spec: Pipeline, ledger: Ledger, pg: Any, root: Path, workload: Any, bootstrap: str
 ) -> Verdict:
-    """The records pipeline: each good record once in PostgreSQL, the files, Iceberg and Kafka; the rest."""
+    """The records pipeline: each good record once in PostgreSQL, the files, Iceberg, Delta and Kafka; the
+    rest."""
     expected = set(workload.good)
     sinks = {s.name: s for s in spec.sinks}
     kafka_out = kafka_records(bootstrap, sinks["kafka"].config["topic"])
@@ -228,6 +322,7 @@ def check_records(
         "pg": pg_ids(pg, sinks["pg"].config["table"]),
         "files": files.column("id").to_pylist() if files.num_columns else [],
         "iceberg": iceberg_ids(spec, "iceberg", root / "home"),
+        "delta": delta_ids(spec, "delta"),
         "kafka": [int(value["id"]) for _, value in kafka_out],
     }
     verdict = Verdict([tally(name, expected, ids) for name, ids in observed.items()])
@@ -240,6 +335,7 @@ def check_records(
     verdict.violations += order_violations(kafka_out)
     verdict.violations += files_order_violations(root / "files", "records")
     verdict.violations += iceberg_order_violations(spec, "iceberg", root / "home")
+    verdict.violations += delta_order_violations(spec, "delta")
     verdict.violations += check_protocol_clean(spec, ledger, pg, root)
     # The Kafka sink's consumer group stands where the ledger's committed position does.
     committed = ledger.committed_offsets(spec.name)

@@ -27,9 +27,9 @@ def _reader(env: Mapping[str, str] | None) -> Callable[[str, str], str]:
 
 
 def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
-    """Every record to PostgreSQL (two-phase commit), Parquet files, an Iceberg table and a Kafka topic;
-    through the transform ONCEFLOW_FAULTS_TRANSFORM names (module:function), if any; JSON records, or
-    Avro ones with ONCEFLOW_FAULTS_FORMAT=avro."""
+    """Every record to PostgreSQL (two-phase commit), Parquet files, an Iceberg table, a Delta table and a
+    Kafka topic; through the transform ONCEFLOW_FAULTS_TRANSFORM names (module:function), if any; JSON
+    records, or Avro ones with ONCEFLOW_FAULTS_FORMAT=avro."""
     _env = _reader(env)
     root = Path(_env("ROOT", "/tmp/onceflow-faults"))
     return Pipeline(
@@ -54,6 +54,8 @@ def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
             SinkSpec("files", "files", {"root": str(root / "files"), "table": "records"}),
             # The default catalog: SQLite under the scenario's ONCEFLOW_HOME, so each scenario has its own.
             SinkSpec("iceberg", "iceberg", {"table": "faults.records", "columns": ICEBERG_COLUMNS}),
+            # The same columns, so each data file's source order is checked as the Iceberg table's is.
+            SinkSpec("delta", "delta", {"path": str(root / "delta" / "records"), "columns": ICEBERG_COLUMNS}),
             SinkSpec(
                 "kafka",
                 "kafka",
@@ -73,8 +75,8 @@ def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
 
 
 def table_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
-    """One sink of each kind of the consistency table (PostgreSQL, and an Iceberg table), fed the same
-    records."""
+    """One sink of each kind of the consistency table (PostgreSQL, an Iceberg table and a Delta table), fed
+    the same records."""
     _env = _reader(env)
     root = Path(_env("ROOT", "/tmp/onceflow-faults"))
     table = _env("TABLE", "faults_table")
@@ -94,6 +96,7 @@ def table_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
             SinkSpec("wal", "wal", {"root": str(root / "wal"), "table": f"{table}_wal", "columns": columns}),
             SinkSpec("two_phase", "postgres_2pc", {"table": f"{table}_two_phase", "columns": columns}),
             SinkSpec("iceberg", "iceberg", {"table": "faults.table", "columns": ICEBERG_COLUMNS}),
+            SinkSpec("delta", "delta", {"path": str(root / "delta" / table), "columns": ICEBERG_COLUMNS}),
         ),
         max_records_per_partition=int(_env("MAX_RECORDS", "100000")),
         max_record_bytes=MAX_RECORD_BYTES,

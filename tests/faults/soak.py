@@ -5,10 +5,10 @@ minute, exactly-once checked from the outputs at the end, and the protocol's res
 
 Three pipelines of the fault harness read one input topic that a producer thread feeds at ``--rate``
 records a second (with an aborted transaction and a bad record now and then): the harness's records
-pipeline (PostgreSQL two-phase commit, Parquet files, Iceberg, Kafka transactions), its table pipeline
-(plain, idempotent upsert, write-ahead log, two-phase commit, Iceberg) and a keyed-state pipeline
-(`tests.faults.soak_pipelines`). Their epochs run back to back, each protocol step in its own driver
-process (`tests.faults.harness`). About once a minute the seed picks a fault from the catalogue: a
+pipeline (PostgreSQL two-phase commit, Parquet files, Iceberg, Delta, Kafka transactions), its table
+pipeline (plain, idempotent upsert, write-ahead log, two-phase commit, Iceberg, Delta) and a keyed-state
+pipeline (`tests.faults.soak_pipelines`). Their epochs run back to back, each protocol step in its own
+driver process (`tests.faults.harness`). About once a minute the seed picks a fault from the catalogue: a
 crash point of the protocol (SIGKILL of the coordinator, the driver or a task), the Kafka broker or
 PostgreSQL SIGKILLed and restarted while an epoch is paused at a chosen step, and on a three-broker stack
 (ONCEFLOW_KAFKA_BROKERS=3) the cluster faults of `tests.faults.kafka_cluster`. Kinds come in rounds

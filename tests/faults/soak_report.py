@@ -52,7 +52,8 @@ def markdown(data: Mapping[str, Any]) -> str:
     lines += [
         "",
         f"Order: {len(inversions)} inversions of a source partition's offsets among the records of the "
-        "Kafka output (per output partition) and the files sink's rows (per committed file).",
+        "Kafka output (per output partition) and the rows of the files, Iceberg and Delta sinks (per "
+        "committed data file).",
     ]
     if data["error"]:
         lines += ["", f"The run stopped early: `{data['error'][:500]}`"]

@@ -1,11 +1,12 @@
 """The fault tests' checkers fire on the real outputs: one clean epoch of the records pipeline passes
 `invariants.check_records`, then a violation of each kind is planted where a bug would leave it (a row
 twice or missing in PostgreSQL, a committed Parquet file with an aborted id and rows out of order, a
-duplicate Iceberg row, a staged marker and an unreferenced data file, a committed Kafka record that must
-not be there and out of order, a consumer group off the ledger's position, ranges that do not meet, a
-dead letter twice and one missing, an epoch in flight, a prepared transaction, a staged file) and each
-must be reported, in its own words. A record in an aborted transaction of the output topic must not
-count: the output is read with a plain read_committed consumer.
+duplicate Iceberg row, a staged marker and an unreferenced data file, the same in the Delta table and an
+epoch committed to it twice, a committed Kafka record that must not be there and out of order, a
+consumer group off the ledger's position, ranges that do not meet, a dead letter twice and one missing,
+an epoch in flight, a prepared transaction, a staged file) and each must be reported, in its own words.
+A record in an aborted transaction of the output topic must not count: the output is read with a plain
+read_committed consumer.
 
 The checkers that need no service are fired in tests/unit/test_fault_checkers.py.
 """
@@ -68,7 +69,7 @@ def test_every_planted_violation_of_the_records_pipeline_is_reported(
     clean = scenario.verdict(pg)
     assert clean.violations == []
     assert {(t.sink, t.delivered, t.guarantee) for t in clean.tallies} == {
-        (sink, GOOD, "exactly-once") for sink in ("pg", "files", "iceberg", "kafka")
+        (sink, GOOD, "exactly-once") for sink in harness.RECORDS_SINKS
     }
 
     gid = f"onceflow:{spec.name}:planted"
@@ -76,6 +77,7 @@ def test_every_planted_violation_of_the_records_pipeline_is_reported(
         *plant_in_postgres(scenario, pg),
         *plant_in_files(scenario),
         *plant_in_iceberg(scenario),
+        *plant_in_delta(scenario),
         *plant_in_kafka(scenario, settings.kafka_bootstrap),
         *plant_in_ledger(scenario),
         f"prepared transactions left: [{gid!r}]",
@@ -159,13 +161,71 @@ def plant_in_iceberg(scenario: harness.Scenario) -> list[str]:
     ]
 
 
+def plant_in_delta(scenario: harness.Scenario) -> list[str]:
+    """In the Delta table: two rows of one source partition appended again by another writer, in a data
+    file of their own, the later offset first; a data file of the committed epoch added again by a
+    second commit that names the epoch (every reader keeps one copy of a file the log adds twice, but the
+    epoch is in two versions); a staged attempt's marker and a staged data file the log does not name."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+    from onceflow.sinks.delta import layout
+
+    spec = scenario.spec
+    path = invariants._delta_path(spec, "delta")
+    table = DeltaTable(path)
+    (committed,) = [c for c in table.history() if "onceflow.epoch" in c]
+    epoch, ours = int(committed["onceflow.epoch"]), set(table.file_uris())
+    rows = table.to_pyarrow_table()
+    first = rows.slice(0, 1).to_pylist()[0]
+    same = sorted(
+        (r for r in rows.to_pylist() if r["_partition"] == first["_partition"]), key=lambda r: r["_offset"]
+    )
+    early, late = same[0], same[1]
+    write_deltalake(path, pa.Table.from_pylist([late, early], schema=rows.schema), mode="append")
+    (appended,) = set(DeltaTable(path).file_uris()) - ours
+
+    local = Path(sorted(ours)[0].removeprefix("file://"))
+    again = layout.add_action(
+        {
+            "path": str(local.relative_to(path)),
+            "size": local.stat().st_size,
+            "partition": {},
+            "rows": pq.read_metadata(local).num_rows,
+            "mtime_ms": int(local.stat().st_mtime * 1000),
+        }
+    )
+    repeated = {"onceflow.pipeline": spec.name, "onceflow.sink": "delta", "onceflow.epoch": epoch}
+    table = DeltaTable(path)
+    table.create_write_transaction(
+        [again], "append", table.schema(), commit_properties=CommitProperties(custom_metadata=repeated)
+    )
+
+    marker = Path(layout.markers_location(path)) / iceberg.files.MARKERS / spec.name / "delta" / "planted"
+    marker.parent.mkdir(parents=True, exist_ok=True)  # the committed epoch's folders stay, empty
+    marker.write_text("{}")
+    staged = Path(iceberg.files.data_root(path, spec.name, "delta")) / "epoch=9" / "s0-t0" / "attempt-x"
+    staged.mkdir(parents=True)
+    (staged / "part-00000.parquet").write_bytes(b"PAR1")
+    return [
+        "sink delta: 0 lost, 2 duplicated, 0 that must not be there",
+        f"delta sink delta, {Path(appended).name}: source partition {early['_partition']} offset "
+        f"{early['_offset']} after {late['_offset']}",
+        f"delta sink delta: epoch {epoch} is in table versions [{committed['version']}, "
+        f"{committed['version'] + 2}]",
+        "delta sink delta: staged attempts left",
+        "delta sink delta: unreferenced data files left",
+    ]
+
+
 def plant_in_kafka(scenario: harness.Scenario, bootstrap: str) -> list[str]:
     """In the output topic: a committed record of an aborted id, at source partition 0's offset 0 after
     its later ones, and a good record again in an aborted transaction (which no reader may count). The
     Kafka sink's consumer group moved off the ledger's position."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    topic = scenario.spec.sinks[3].config["topic"]
+    topic = next(s for s in scenario.spec.sinks if s.name == "kafka").config["topic"]
     out = [r for r in read_committed(bootstrap, topic) if json.loads(r.value or b"{}")["_partition"] == 0]
     partition, last = out[-1].partition, json.loads(out[-1].value or b"{}")["_offset"]
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"planted-{uuid.uuid4().hex}"})

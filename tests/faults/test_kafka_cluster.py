@@ -162,7 +162,7 @@ def assert_delivered(scenario: harness.Scenario, pg: Any) -> None:
     verdict = scenario.verdict(pg)
     assert verdict.violations == []
     assert [(t.sink, t.delivered, t.lost, t.duplicates, t.unexpected) for t in verdict.tallies] == [
-        (sink, len(scenario.workload.good), 0, 0, 0) for sink in ("pg", "files", "iceberg", "kafka")
+        (sink, len(scenario.workload.good), 0, 0, 0) for sink in harness.RECORDS_SINKS
     ]
 
 
