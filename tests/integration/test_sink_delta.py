@@ -286,7 +286,9 @@ def test_plan_checks_create_the_table_or_refuse_in_one_line(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="identity"):
         DeltaWriter({**config, "partition_by": {"name": "day"}})
     with pytest.raises(ConfigError, match="not columns"):
-        DeltaWriter({**config, "columns": {"id": "long"}, "partition_by": {"nope": "identity"}})
+        SINK_KIND.plan_checks(
+            spec, [{**config, "columns": {"id": "long"}, "partition_by": {"nope": "identity"}}], 1, True
+        )
 
 
 def test_plan_checks_widen_the_table_and_refuse_what_delta_cannot_keep(tmp_path: Path) -> None:

@@ -70,9 +70,9 @@ class DeltaChangesConfig:
     key_columns: tuple[str, ...]
 
     @classmethod
-    def from_mapping(cls, config: Mapping[str, Any]) -> DeltaChangesConfig:
+    def from_mapping(cls, config: Mapping[str, Any], check_types: bool = True) -> DeltaChangesConfig:
         reader = ConfigReader(KIND, config)
-        table = DeltaConfig.read(reader, columns_required=True)
+        table = DeltaConfig.read(reader, columns_required=True, check_types=check_types)
         keys = reader.string_list("key_columns")
         reader.finish()
         names = [n for n, _ in table.columns]
@@ -82,6 +82,8 @@ class DeltaChangesConfig:
         unknown = [k for k in keys if k not in names]
         if unknown:
             raise ConfigError(f"{table.where}: key_columns {unknown} are not among the columns {names}")
+        if not check_types:
+            return cls(table, keys)
         import pyarrow as pa
 
         schema = declared_schema(table.columns, table.where)
@@ -95,8 +97,12 @@ class DeltaChangesConfig:
         return self.table.where
 
 
-def _as_config(config: DeltaChangesConfig | Mapping[str, Any]) -> DeltaChangesConfig:
-    return config if isinstance(config, DeltaChangesConfig) else DeltaChangesConfig.from_mapping(config)
+def _as_config(
+    config: DeltaChangesConfig | Mapping[str, Any], check_types: bool = True
+) -> DeltaChangesConfig:
+    if isinstance(config, DeltaChangesConfig):
+        return config
+    return DeltaChangesConfig.from_mapping(config, check_types)
 
 
 def staging_schema(table_schema: pa.Schema) -> pa.Schema:
@@ -121,7 +127,7 @@ class DeltaChangesWriter(DeltaWriter):
     file kept to the last change per key (and the truncates) of its rows, unsplit by partition."""
 
     def __init__(self, config: DeltaChangesConfig | Mapping[str, Any]) -> None:
-        self.changes = _as_config(config)
+        self.changes = _as_config(config, check_types=False)  # the plan checked them
         super().__init__(self.changes.table)
 
     def _staged(self, schema: Any, partition_by: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:

@@ -34,16 +34,21 @@ class DeltaConfig:
     kind: str = KIND  # the sink kind whose config this is, named in errors
 
     @classmethod
-    def from_mapping(cls, config: Mapping[str, Any]) -> DeltaConfig:
+    def from_mapping(cls, config: Mapping[str, Any], check_types: bool = True) -> DeltaConfig:
         reader = ConfigReader(KIND, config)
-        parsed = cls.read(reader)
+        parsed = cls.read(reader, check_types=check_types)
         reader.finish()
         return parsed
 
     @classmethod
-    def read(cls, reader: ConfigReader, columns_required: bool = False) -> DeltaConfig:
+    def read(
+        cls, reader: ConfigReader, columns_required: bool = False, check_types: bool = True
+    ) -> DeltaConfig:
         """The table's settings, checked, as ``reader`` reads them for its kind (this one, or a kind that
-        writes a Delta table and reads keys of its own before it calls ``reader.finish()``)."""
+        writes a Delta table and reads keys of its own before it calls ``reader.finish()``). Without
+        ``check_types`` the declared columns' types are taken as the plan checked them: a task's writer
+        opens the table the plan made, and parsing the type names (through pyiceberg's types, a third of
+        a second to import) would cost every task."""
         partitions = reader.columns("partition_by", required=False)
         parsed = cls(
             path=layout.local_or_uri(reader.string("path")),
@@ -62,7 +67,7 @@ class DeltaConfig:
                 f"{parsed.where}: partition_by {odd}: Delta partitions by a column's value only "
                 "(`{column: identity}`)"
             )
-        if parsed.columns:
+        if parsed.columns and check_types:
             schema = declared_schema(parsed.columns, parsed.where)
             check_partitions(schema, parsed.partition_by, parsed.where)
         return parsed
@@ -72,8 +77,8 @@ class DeltaConfig:
         return f"{self.kind} sink {self.name or '?'} table {self.path}"
 
 
-def as_config(config: DeltaConfig | Mapping[str, Any]) -> DeltaConfig:
-    return config if isinstance(config, DeltaConfig) else DeltaConfig.from_mapping(config)
+def as_config(config: DeltaConfig | Mapping[str, Any], check_types: bool = True) -> DeltaConfig:
+    return config if isinstance(config, DeltaConfig) else DeltaConfig.from_mapping(config, check_types)
 
 
 def plain_type(t: Any) -> Any:

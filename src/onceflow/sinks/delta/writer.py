@@ -128,7 +128,7 @@ class DeltaWriter:
     """Stages a task's output as Parquet files of its attempt, ``rows_per_file`` rows at a time."""
 
     def __init__(self, config: DeltaConfig | Mapping[str, Any]) -> None:
-        self.config = as_config(config)
+        self.config = as_config(config, check_types=False)  # the plan checked them
         self._task: TaskContext | None = None
         self._store = layout.Store.for_location(self.config.path)
         self._schema: Any = None
@@ -153,13 +153,18 @@ class DeltaWriter:
         return self._task
 
     def _schema_for(self, inferred: Any) -> Any:
+        """The table's schema, which the plan made or widened; only a table the plan could not make (its
+        columns known from the rows alone) is made here, from the declared columns or these rows."""
         if self._schema is None:
-            wanted = (
-                declared_schema(self.config.columns, self.config.where)
-                if self.config.columns
-                else plain_schema(inferred())
-            )
-            self._schema, self._partition_by = self._staged(*ensure_table(self.config, wanted))
+            found = table_layout(self.config.path)
+            if found is None:
+                wanted = (
+                    declared_schema(self.config.columns, self.config.where)
+                    if self.config.columns
+                    else plain_schema(inferred())
+                )
+                found = ensure_table(self.config, wanted)
+            self._schema, self._partition_by = self._staged(*found)
         return self._schema
 
     def _staged(self, schema: Any, partition_by: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:
