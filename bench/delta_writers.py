@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=str(Path(__file__).with_name("delta_writers.json")))
+    parser.add_argument("--report", help="bench/report.md: write the figures into its Delta writers section")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
     if settings.spark_remote is None:
@@ -248,7 +249,26 @@ def main(argv: list[str] | None = None) -> int:
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(result))
+    if args.report:
+        from bench.report import write_section
+
+        section = "\n".join(
+            [
+                BEGIN,
+                "### Writing Delta: the sink's path or delta-spark",
+                "",
+                "Measured by `python -m bench.delta_writers --report bench/report.md` on the stack's Spark "
+                "Connect runtime.",
+                "",
+                markdown(result),
+                END,
+            ]
+        )
+        write_section(Path(args.report), section, BEGIN, END)
     return 0
+
+
+BEGIN, END = "<!-- delta-writers -->", "<!-- /delta-writers -->"
 
 
 def warm_up(spark: Any, tmp: str) -> None:
