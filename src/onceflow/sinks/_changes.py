@@ -69,6 +69,17 @@ def stream_key(
     return tuple(spec.format.changes.key or ())
 
 
+def check_key_names(where: str, columns: Sequence[str], key_columns: Sequence[str]) -> None:
+    """The table's columns may not take the staged changes' own names, and the key columns are some of
+    them; one line each."""
+    clash = [n for n in columns if n in CHANGE_COLUMNS]
+    if clash:
+        raise ConfigError(f"{where}: columns {clash} are the staged changes' own")
+    unknown = [k for k in key_columns if k not in columns]
+    if unknown:
+        raise ConfigError(f"{where}: key_columns {unknown} are not among the columns {list(columns)}")
+
+
 def check_key(where: str, key_columns: Sequence[str], key: Sequence[str]) -> None:
     """Key columns other than the stream's key are refused: only its partitions order a key's changes."""
     if key and set(key_columns) != set(key):

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
 from onceflow.sinks._changes import (
-    CHANGE_COLUMNS,
     OFFSET,
     OP,
     PARTITION,
     change_columns,
     change_settings,
     check_key,
+    check_key_names,
     stream_key,
 )
 from onceflow.sinks._config import ConfigReader
@@ -75,13 +75,7 @@ class DeltaChangesConfig:
         table = DeltaConfig.read(reader, columns_required=True, check_types=check_types)
         keys = reader.string_list("key_columns")
         reader.finish()
-        names = [n for n, _ in table.columns]
-        clash = [n for n in names if n in CHANGE_COLUMNS]
-        if clash:
-            raise ConfigError(f"{table.where}: columns {clash} are the staged changes' own")
-        unknown = [k for k in keys if k not in names]
-        if unknown:
-            raise ConfigError(f"{table.where}: key_columns {unknown} are not among the columns {names}")
+        check_key_names(table.where, [n for n, _ in table.columns], keys)
         if not check_types:
             return cls(table, keys)
         import pyarrow as pa

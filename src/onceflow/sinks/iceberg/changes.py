@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 from onceflow.decoding.debezium import OPS
 from onceflow.errors import ConfigError
 from onceflow.sinks._changes import (
-    CHANGE_COLUMNS,
     OFFSET,
     OP,
     PARTITION,
     change_columns,
     change_settings,
     check_key,
+    check_key_names,
     stream_key,
 )
 from onceflow.sinks._config import ConfigReader
@@ -113,13 +113,7 @@ class ChangesConfig:
         reader.finish()
         tables.identifier(table.table)
         schema = tables.schema_of(table.columns, table.where)
-        names = [n for n, _ in table.columns]
-        clash = [n for n in names if n in CHANGE_COLUMNS]
-        if clash:
-            raise ConfigError(f"{KIND} sink config columns: {clash} are the staged changes' own")
-        unknown = [k for k in keys if k not in names]
-        if unknown:
-            raise ConfigError(f"{KIND} sink config key_columns: {unknown} are not among the columns")
+        check_key_names(table.where, [n for n, _ in table.columns], keys)
         nested_keys = [k for k in keys if not schema.find_field(k).field_type.is_primitive]
         if nested_keys:
             raise ConfigError(f"{KIND} sink config key_columns: {nested_keys} are not flat values")
