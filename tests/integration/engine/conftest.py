@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from onceflow.engine.slice_job import SLICE_SQL_CONF
 from onceflow.engine.submit import CONNECT_MODE_ENV
@@ -40,7 +41,14 @@ def stack(settings, make_topic, pg_connect, tmp_path, monkeypatch):  # type: ign
     ledger.upgrade()
     ledger.close()
     yield env
-    pg_connect(autocommit=True).execute(f"DROP TABLE IF EXISTS {env['ONCEFLOW_TEST_TABLE']}")
+    conn = pg_connect(autocommit=True)
+    # A test that failed mid-epoch may leave the pipeline's prepared transactions (its assertions on
+    # them have run by now); their locks would hold the DROP for ever.
+    mine = f"onceflow:{env['ONCEFLOW_TEST_PIPELINE']}:%"
+    leftover = conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (mine,)).fetchall()
+    for (gid,) in leftover:
+        conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    conn.execute(f"DROP TABLE IF EXISTS {env['ONCEFLOW_TEST_TABLE']}")
 
 
 REPO = Path(__file__).resolve().parents[3]
