@@ -46,6 +46,7 @@ venv: $(STAMP)
 # run it (else one line says the schema registry is left out).
 jars:
 	@infra/kafka.sh jars
+	@if [ "$${ONCEFLOW_S3:-1}" != 0 ]; then infra/s3.sh build; fi
 	@infra/connect.sh jars
 	@if infra/registry.sh usable; then infra/registry.sh jars; fi
 

@@ -160,3 +160,15 @@ export ONCEFLOW_CONNECT_APICURIO_VERSION="${ONCEFLOW_CONNECT_APICURIO_VERSION:-2
 # More worker settings, as space-separated key=value pairs (they win over infra/connect.sh's own).
 export ONCEFLOW_CONNECT_CONF="${ONCEFLOW_CONNECT_CONF:-}"
 export ONCEFLOW_CONNECT_URL="${ONCEFLOW_CONNECT_URL:-http://$ONCEFLOW_CONNECT_HOST:$ONCEFLOW_CONNECT_PORT}"
+
+# `make services` starts the local S3 gateway unless ONCEFLOW_S3=0.
+export ONCEFLOW_S3="${ONCEFLOW_S3:-1}"
+# Local S3-compatible object storage (infra/s3.sh): Versity's S3 gateway over a folder, on loopback; its
+# objects, pid, log and generated credentials in ONCEFLOW_S3_DATA. `make services` prints the settings
+# clients take (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, ONCEFLOW_S3_BUCKET).
+export ONCEFLOW_S3_VERSION="${ONCEFLOW_S3_VERSION:-v1.8.0}"
+export ONCEFLOW_S3_HOST="${ONCEFLOW_S3_HOST:-127.0.0.1}"
+export ONCEFLOW_S3_PORT="${ONCEFLOW_S3_PORT:-19000}"
+export ONCEFLOW_S3_DATA="${ONCEFLOW_S3_DATA:-$ONCEFLOW_HOME/s3}"
+export ONCEFLOW_S3_BUCKET="${ONCEFLOW_S3_BUCKET:-onceflow}"
+export ONCEFLOW_S3_REGION="${ONCEFLOW_S3_REGION:-us-east-1}"

@@ -3,7 +3,8 @@
 # infra/registry.sh; left out, in one line, where no Java 21+ is there to run it) and the warm Spark
 # runtime (a standalone cluster with a Spark Connect server, infra/spark.sh; ONCEFLOW_WARM_SPARK=0 leaves
 # it out, and slices then run through spark-submit) and Kafka Connect with Debezium's PostgreSQL connector
-# (infra/connect.sh; ONCEFLOW_KAFKA_CONNECT=0 leaves it out). `start` ends by printing the connection
+# (infra/connect.sh; ONCEFLOW_KAFKA_CONNECT=0 leaves it out) and an S3-compatible object store (infra/s3.sh;
+# ONCEFLOW_S3=0 leaves it out). `start` ends by printing the connection
 # settings as KEY=VALUE lines on stdout (progress goes to stderr), so that
 # `eval "$(infra/services.sh start)"` works.
 set -euo pipefail
@@ -21,10 +22,12 @@ print_env() {
   fi
   if warm_spark; then "$here/spark.sh" env; fi
   if kafka_connect; then "$here/connect.sh" env; fi
+  if object_store; then "$here/s3.sh" env; fi
 }
 
 warm_spark() { [ "${ONCEFLOW_WARM_SPARK:-1}" != "0" ]; }
 kafka_connect() { [ "${ONCEFLOW_KAFKA_CONNECT:-1}" != "0" ]; }
+object_store() { [ "${ONCEFLOW_S3:-1}" != "0" ]; }
 
 case "${1:-}" in
   start)
@@ -38,6 +41,11 @@ case "${1:-}" in
     else
       onceflow_say "ONCEFLOW_KAFKA_CONNECT=0: no Kafka Connect (change data capture)"
     fi
+    if object_store; then
+      "$here/s3.sh" start >/dev/null
+    else
+      onceflow_say "ONCEFLOW_S3=0: no S3 object store"
+    fi
     if warm_spark; then
       "$here/spark.sh" start >/dev/null
     else
@@ -47,6 +55,7 @@ case "${1:-}" in
     print_env
     ;;
   stop)
+    "$here/s3.sh" stop
     "$here/connect.sh" stop
     "$here/spark.sh" stop
     "$here/registry.sh" stop

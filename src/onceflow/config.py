@@ -19,6 +19,7 @@ from typing import Literal, TypeAlias, cast
 
 from onceflow import redact
 from onceflow.errors import ConfigError
+from onceflow.storage.s3 import S3Settings
 
 _DEFAULT_HOME = Path.cwd() / ".onceflow"
 # How slices run: "spark" is the Spark Connect server when one is configured, else spark-submit;
@@ -73,6 +74,9 @@ class Settings:
     schema_registry_allow_insecure_auth: bool = False
     # Which path reads JSON records in a Spark slice (ONCEFLOW_JSON_READ), see `JsonRead`.
     json_read: JsonRead = "python"
+    # Object storage for sinks whose path is an s3:// URL (the AWS_* variables: AWS_ENDPOINT_URL,
+    # AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), or None when none is set.
+    s3: S3Settings | None = None
 
     def __repr__(self) -> str:
         shown = (
@@ -105,6 +109,7 @@ class Settings:
                 "ONCEFLOW_SCHEMA_REGISTRY_ALLOW_INSECURE_AUTH",
             ),
             json_read=cast(JsonRead, env.get("ONCEFLOW_JSON_READ", "").strip() or "python"),
+            s3=S3Settings.from_env(env),
         )
         settings.validate()
         return settings
@@ -188,7 +193,19 @@ class Settings:
                 if self.schema_registry_allow_insecure_auth
                 else {}
             ),
+            **(self._s3_env() if self.s3 is not None else {}),
         }
+
+    def _s3_env(self) -> dict[str, str]:
+        assert self.s3 is not None
+        names = {
+            "endpoint_url": "AWS_ENDPOINT_URL",
+            "region": "AWS_REGION",
+            "access_key_id": "AWS_ACCESS_KEY_ID",
+            "secret_access_key": "AWS_SECRET_ACCESS_KEY",
+            "session_token": "AWS_SESSION_TOKEN",
+        }
+        return {names[key]: value for key, value in self.s3.to_config().items()}
 
 
 def inherited_environment() -> dict[str, str]:

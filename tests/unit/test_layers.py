@@ -18,7 +18,9 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "onceflow"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     (
         "foundations",
-        frozenset({"errors", "redact", "logs", "offsets", "faults", "names", "config", "committables"}),
+        frozenset(
+            {"errors", "redact", "logs", "offsets", "faults", "names", "config", "committables", "storage"}
+        ),
     ),
     ("the pipeline spec", frozenset({"schemas", "pipeline"})),
     ("decoding", frozenset({"decoding"})),

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from onceflow.errors import ConfigError
 from onceflow.sinks.base import SinkCommitter, SinkWriter
+from onceflow.storage.s3 import uses_s3
 
 if TYPE_CHECKING:
     from onceflow.config import Settings
@@ -129,8 +130,13 @@ class SinkKind:
 
     def config_for(self, sink: SinkSpec, settings: Settings) -> dict[str, Any]:
         """The config a writer or committer of ``sink`` is built from: the kind's defaults from the
-        settings, the sink's own config over them, and its name (which scopes its orphan scan)."""
-        return {**self.defaults(settings), **sink.config, "name": sink.name}
+        settings, the sink's own config over them, and its name (which scopes its orphan scan). A sink
+        that names an ``s3://`` path gets the deployment's object-store settings under ``s3`` (unless its
+        config sets them); no other sink carries them."""
+        config = {**self.defaults(settings), **sink.config, "name": sink.name}
+        if "s3" not in config and uses_s3(config):
+            config["s3"] = settings.s3.to_config() if settings.s3 is not None else {}
+        return config
 
     def build_writer(self, config: Mapping[str, Any]) -> SinkWriter:
         """A writer for one task attempt; the config is validated here, naming any bad setting."""

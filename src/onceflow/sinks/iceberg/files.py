@@ -11,20 +11,20 @@ and under the table location:
   A marker is what makes an attempt's files "staged": the committer deletes it once the files are in a
   snapshot, abort deletes it with the files, and the sweeper lists what is left.
 
-Paths are URIs that pyarrow's file systems understand (``file://``, ``s3://``, …); local files are fsynced,
-because a pre-commit promises that the staged output survives a crash.
+Paths are URIs that `onceflow.storage.store.Store` understands (``file://``, ``s3://``, …).
 """
 
 from __future__ import annotations
 
 import base64
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.committables import Committable, TaskContext
 from onceflow.names import check_name
+from onceflow.storage.store import Store, make_durable
+
+__all__ = ["Store", "make_durable"]
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
@@ -32,99 +32,6 @@ if TYPE_CHECKING:
 
 MARKERS = "onceflow-staging"
 DATA = "onceflow"
-
-
-def _local(uri: str) -> str | None:
-    """The local path of a ``file:`` URI or a plain path, or None for any other scheme."""
-    if uri.startswith("file://"):
-        return uri.removeprefix("file://")
-    if uri.startswith("file:"):
-        return uri.removeprefix("file:")
-    if "://" not in uri:
-        return uri
-    return None
-
-
-def _fsync(path: str) -> None:
-    flags = os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0)
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def make_durable(uri: str) -> None:
-    """fsync a local file and its folder (remote stores are durable once a write completes)."""
-    path = _local(uri)
-    if path is not None and os.path.exists(path):
-        _fsync(path)
-        _fsync(os.path.dirname(path))
-
-
-@dataclass(frozen=True)
-class Store:
-    """A pyarrow file system over one table's locations."""
-
-    fs: Any
-    scheme: str  # what `uri` puts back in front of a file system path
-
-    @classmethod
-    def for_location(cls, location: str) -> Store:
-        from pyarrow import fs as pafs
-
-        local = _local(location)
-        if local is not None:
-            return cls(pafs.LocalFileSystem(), "file://")
-        filesystem, _ = pafs.FileSystem.from_uri(location)
-        return cls(filesystem, location.split("://", 1)[0] + "://")
-
-    def path(self, uri: str) -> str:
-        local = _local(uri)
-        return local if local is not None else uri.split("://", 1)[1]
-
-    def uri(self, path: str) -> str:
-        return self.scheme + path
-
-    def exists(self, uri: str) -> bool:
-        from pyarrow import fs as pafs
-
-        return bool(self.fs.get_file_info(self.path(uri)).type != pafs.FileType.NotFound)
-
-    def write(self, uri: str, data: bytes) -> None:
-        """Write all of ``data`` or nothing under its name (a temporary name, then a rename)."""
-        path = self.path(uri)
-        parent = path.rsplit("/", 1)[0]
-        self.fs.create_dir(parent, recursive=True)
-        tmp = f"{parent}/.{path.rsplit('/', 1)[1]}.tmp-{os.getpid()}"
-        with self.fs.open_output_stream(tmp) as out:
-            out.write(data)
-        make_durable(self.uri(tmp))
-        self.fs.move(tmp, path)
-        make_durable(uri)
-
-    def read(self, uri: str) -> bytes:
-        with self.fs.open_input_stream(self.path(uri)) as stream:
-            return bytes(stream.read())
-
-    def delete_file(self, uri: str) -> None:
-        if self.exists(uri):
-            self.fs.delete_file(self.path(uri))
-
-    def delete_dir(self, uri: str) -> None:
-        if self.exists(uri):
-            self.fs.delete_dir(self.path(uri))
-
-    def files_under(self, uri: str) -> list[str]:
-        """Every file below ``uri`` (recursively), as URIs; nothing when it does not exist."""
-        from pyarrow import fs as pafs
-
-        if not self.exists(uri):
-            return []
-        selector = pafs.FileSelector(self.path(uri), recursive=True)
-        return sorted(
-            self.uri(i.path) for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File
-        )
 
 
 def data_root(data_path: str, pipeline: str, sink: str) -> str:
