@@ -27,6 +27,8 @@ SECRETS = {
     "AIRFLOW_FERNET_KEY",
     "AIRFLOW_API_SECRET_KEY",
     "SPARK_CONNECT_AUTHENTICATE_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
 }
 LOCAL_ENV = ROOT / "docker" / "local.env"
 
@@ -38,7 +40,7 @@ def compose() -> dict[str, Any]:
 
 def _env_sh_variables() -> set[str]:
     text = (ROOT / "infra" / "env.sh").read_text()
-    return set(re.findall(r"^export (ONCEFLOW_[A-Z_]+)=", text, flags=re.MULTILINE))
+    return set(re.findall(r"^export (ONCEFLOW_[A-Z0-9_]+)=", text, flags=re.MULTILINE))
 
 
 def _local_broker_config(brokers: int = 1, node: int = 1) -> dict[str, str]:
@@ -106,7 +108,7 @@ def test_dockerfiles_copy_only_existing_paths() -> None:
 def test_same_variable_names_as_the_local_scripts(compose) -> None:
     local = _env_sh_variables()
     text = (ROOT / "docker-compose.yml").read_text()
-    used = set(re.findall(r"\b(ONCEFLOW_[A-Z_]+)\b", text)) - COMPOSE_ONLY
+    used = set(re.findall(r"\b(ONCEFLOW_[A-Z0-9_]+)\b", text)) - COMPOSE_ONLY
     assert used <= local, f"compose uses variables the local scripts do not define: {used - local}"
     onceflow_env = compose["x-onceflow-env"]
     assert {"ONCEFLOW_KAFKA_BOOTSTRAP", "ONCEFLOW_PG_DSN", "ONCEFLOW_LEDGER_URL"} <= set(onceflow_env)
@@ -193,7 +195,7 @@ def render(env: dict[str, str] | None = None, *, local: bool = True) -> dict[str
 def _env_sh_defaults() -> dict[str, str]:
     """``VAR`` -> its literal default in infra/env.sh (``export VAR="${VAR:-default}"``)."""
     text = (ROOT / "infra" / "env.sh").read_text()
-    return dict(re.findall(r'^export (ONCEFLOW_[A-Z_]+)="\$\{\1:-([^$"}]*)\}"', text, flags=re.MULTILINE))
+    return dict(re.findall(r'^export (ONCEFLOW_[A-Z0-9_]+)="\$\{\1:-([^$"}]*)\}"', text, flags=re.MULTILINE))
 
 
 def _airflow_containers(rendered: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -364,7 +366,7 @@ def test_images_install_like_the_makefile_venv() -> None:
 def test_rendered_ports_and_settings_match_the_local_scripts() -> None:
     defaults = _env_sh_defaults()
     text = (ROOT / "docker-compose.yml").read_text()
-    for name, default in re.findall(r"\$\{(ONCEFLOW_[A-Z_]+):-([^}]*)\}", text):
+    for name, default in re.findall(r"\$\{(ONCEFLOW_[A-Z0-9_]+):-([^}]*)\}", text):
         if name in COMPOSE_ONLY:
             continue
         assert defaults.get(name) == default, (
@@ -654,7 +656,7 @@ def test_every_published_port_is_on_loopback_unless_the_user_says_otherwise(merg
     reachable from other machines by default; ONCEFLOW_BIND chooses the interface."""
     services = (_cluster_compose() if merged else _load("docker-compose.yml"))["services"]
     published = _published(services, local_env())
-    expected = {"kafka", "postgres", "registry", "spark-connect", "connect", "airflow-api-server"}
+    expected = {"kafka", "postgres", "registry", "spark-connect", "connect", "airflow-api-server", "s3"}
     assert expected <= set(published)
     for name, ports in published.items():
         for port in ports:
@@ -724,3 +726,29 @@ def test_the_compose_postgres_never_trusts_a_connection() -> None:
     assert env.get("POSTGRES_PASSWORD")
     for name in ("docker-compose.yml", "docker-compose.cluster.yml", "docker/postgres-replication.sh"):
         assert not re.search(r"\btrust\b", (ROOT / name).read_text()), f"{name} mentions trust"
+
+
+def test_the_object_store_runs_as_the_local_scripts_run_it() -> None:
+    """The s3 service is infra/s3.sh's gateway: the same version, region, bucket and published port by
+    default, started with the keys every onceflow container is given, and a volume of its own."""
+    defaults = _env_sh_defaults()
+    script = (ROOT / "infra" / "s3.sh").read_text()
+    assert "versitygw" in script and "posix" in script
+    rendered = render()
+    s3 = rendered["services"]["s3"]
+    assert s3["image"] == f"versity/versitygw:{defaults['ONCEFLOW_S3_VERSION']}"
+    assert s3["command"][-2:] == ["posix", "/data"]
+    assert s3["command"][s3["command"].index("--region") + 1] == defaults["ONCEFLOW_S3_REGION"]
+    assert s3["ports"] == [f"127.0.0.1:{defaults['ONCEFLOW_S3_PORT']}:7070"]
+    bucket = rendered["services"]["s3-bucket"]
+    assert bucket["command"][-1] == f"/data/{defaults['ONCEFLOW_S3_BUCKET']}"
+    assert {v.split(":")[0] for v in s3["volumes"]} == {v.split(":")[0] for v in bucket["volumes"]}
+    env = rendered["x-onceflow-env"]
+    assert env["AWS_ENDPOINT_URL"] == "http://s3:7070"
+    assert env["AWS_REGION"] == defaults["ONCEFLOW_S3_REGION"]
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == (
+        s3["environment"]["ROOT_ACCESS_KEY"],
+        s3["environment"]["ROOT_SECRET_KEY"],
+    )
+    for container in _airflow_containers(rendered).values():
+        assert container["environment"]["AWS_ENDPOINT_URL"] == "http://s3:7070"
