@@ -210,3 +210,26 @@ def put_if_absent(settings: S3Settings, url: str, data: bytes, client: Any = Non
         raise OSError(f"S3 put of {url} failed: {redact.text(exc)}") from None
     except BotoCoreError as exc:
         raise OSError(f"S3 put of {url} failed: {redact.text(exc)}") from None
+
+
+def delete_objects(settings: S3Settings, urls: list[str], client: Any = None) -> None:
+    """Delete the objects at ``urls`` by name, a thousand a request; a missing one is no error. Unlike
+    pyarrow's deletes, which put a folder object where the last object of a prefix went, this leaves
+    nothing behind."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    by_bucket: dict[str, list[str]] = {}
+    for url in urls:
+        bucket, key = split(url)
+        by_bucket.setdefault(bucket, []).append(key)
+    s3 = client if client is not None else settings.client()
+    for bucket, keys in by_bucket.items():
+        for at in range(0, len(keys), 1000):
+            batch = [{"Key": key} for key in keys[at : at + 1000]]
+            try:
+                done = s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+            except (BotoCoreError, ClientError) as exc:
+                raise OSError(f"S3 delete in {bucket} failed: {redact.text(exc)}") from None
+            if done.get("Errors"):
+                first = done["Errors"][0]
+                raise OSError(f"S3 delete of s3://{bucket}/{first.get('Key')} failed: {first.get('Code')}")

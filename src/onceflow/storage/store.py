@@ -130,11 +130,15 @@ class Store:
             return bytes(stream.read())
 
     def delete_file(self, uri: str) -> None:
-        if self.exists(uri):
+        if self.s3 is not None:  # by name: pyarrow would leave a folder object where the file was
+            s3_store.delete_objects(self.s3, [uri])
+        elif self.exists(uri):
             self.fs.delete_file(self.path(uri))
 
     def delete_dir(self, uri: str) -> None:
-        if self.exists(uri):
+        if self.s3 is not None:
+            s3_store.delete_objects(self.s3, self.files_under(uri))
+        elif self.exists(uri):
             self.fs.delete_dir(self.path(uri))
 
     def files_under(self, uri: str) -> list[str]:
