@@ -9,6 +9,12 @@ Connections (all optional; a missing one falls back to its variable, then to the
   port. Fallback ONCEFLOW_KAFKA_BOOTSTRAP.
 * ``onceflow_postgres``: the PostgreSQL the sinks write to by default (``postgres`` connection).
   Fallback ONCEFLOW_PG_DSN.
+* ``aws_default``: the object store of the sinks whose path is an ``s3://`` URL, as the Amazon
+  provider's ``aws`` connection holds it: login = access key id, password = secret access key, extra
+  ``endpoint_url`` (or ``service_config: {s3: {endpoint_url}}``, which wins), ``region_name`` and
+  ``aws_session_token``. A connection with a login brings its own secret and token (none is taken from
+  the variables to pair with it); one without uses the variables' credentials, or the AWS SDK's chain.
+  Fallback AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION, AWS_SESSION_TOKEN.
 
 Spark is reached through the apache-spark provider's own connection (``spark_default``).
 """
@@ -25,6 +31,31 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from onceflow import redact
 from onceflow.config import Settings
 from onceflow.ledger import Ledger
+
+
+def _aws_environment(conn: Any, env: dict[str, str]) -> None:
+    """Put an ``aws`` connection's settings into ``env`` as the AWS variables `Settings` reads."""
+    extra = conn.extra_dejson
+    service = extra.get("service_config")
+    s3_config = service.get("s3") if isinstance(service, dict) else None
+    endpoint = (s3_config.get("endpoint_url") if isinstance(s3_config, dict) else None) or extra.get(
+        "endpoint_url"
+    )
+    if endpoint:
+        env.pop("AWS_ENDPOINT_URL_S3", None)  # it would win over the connection's endpoint
+        env["AWS_ENDPOINT_URL"] = str(endpoint)
+    if extra.get("region_name"):
+        env["AWS_REGION"] = str(extra["region_name"])
+    if conn.login:
+        env["AWS_ACCESS_KEY_ID"] = conn.login
+        for name, value in (
+            ("AWS_SECRET_ACCESS_KEY", conn.password),
+            ("AWS_SESSION_TOKEN", extra.get("aws_session_token")),
+        ):
+            if value:
+                env[name] = str(value)
+            else:
+                env.pop(name, None)
 
 
 def _postgres_url(conn: Any, driver: str) -> str:
@@ -55,11 +86,13 @@ class OnceflowHook(BaseHook):
         ledger_conn_id: str = "onceflow_ledger",
         kafka_conn_id: str = "onceflow_kafka",
         postgres_conn_id: str = "onceflow_postgres",
+        aws_conn_id: str = "aws_default",
     ) -> None:
         super().__init__()
         self.ledger_conn_id = ledger_conn_id
         self.kafka_conn_id = kafka_conn_id
         self.postgres_conn_id = postgres_conn_id
+        self.aws_conn_id = aws_conn_id
 
     def _connection(self, conn_id: str) -> Any | None:
         try:
@@ -81,6 +114,9 @@ class OnceflowHook(BaseHook):
         postgres = self._connection(self.postgres_conn_id)
         if postgres is not None:
             env["ONCEFLOW_PG_DSN"] = _postgres_url(postgres, "postgresql")
+        aws = self._connection(self.aws_conn_id)
+        if aws is not None:
+            _aws_environment(aws, env)
         settings = Settings.from_env(env)
         shown = redact.url(settings.ledger_url)  # SQLAlchemy's hiding misses ?password= and a raw '@'
         self.log.info("onceflow: ledger %s, Kafka %s", shown, settings.kafka_bootstrap)

@@ -22,7 +22,7 @@ from onceflow.config import Settings
 from onceflow.sinks._kafka_deadline import TIMEOUT_MARGIN_S
 from onceflow.sinks.kafka import KafkaCommitter, KafkaUnreachable
 from tests.faults.test_restarts import INFRA
-from tests.integration.test_sink_kafka import group_offsets, published, stage_epoch
+from tests.integration.kafka_sink_helpers import group_offsets, published, stage_epoch
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

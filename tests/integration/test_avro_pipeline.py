@@ -239,7 +239,7 @@ def test_a_registry_that_stops_answering_mid_decode_aborts_the_epoch_and_no_reco
 def test_the_kafka_sink_publishes_avro_records_of_the_subjects_latest_schema(
     settings: Settings, make_topic: Any, tmp_path: Path
 ) -> None:
-    from tests.integration.test_sink_kafka import read_topic
+    from tests.integration.kafka_sink_helpers import read_topic
 
     topic, out = make_topic("avro"), make_topic("avro-out")
     sink = SinkSpec(

@@ -167,7 +167,7 @@ def test_a_producer_moving_to_a_compatible_schema_mid_run_lands_every_record_onc
     assert table.column("coupon").to_pylist() == [None] * 12 + [coupon(i) for i in range(12, 24)]
     assert table.column("order_key").to_pylist() == [f"k{i}" for i in range(24)]
 
-    from tests.integration.test_sink_kafka import read_topic
+    from tests.integration.kafka_sink_helpers import read_topic
 
     records = read_topic(settings.kafka_bootstrap, out, 1, "read_committed")
     assert {value[: WIRE_HEADER.size] for _, _, value in records} == {WIRE_HEADER.pack(MAGIC_BYTE, out_id)}

@@ -13,46 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from onceflow.config import Settings
-from onceflow.offsets import OffsetRange
-from onceflow.sinks.base import Committable, TaskContext
-from onceflow.sinks.kafka import KafkaCommitter, KafkaWriter
+from onceflow.sinks.base import Committable
+from onceflow.sinks.kafka import KafkaCommitter
+from tests.integration.kafka_sink_helpers import group_offsets, published, stage_epoch
 
 pytestmark = pytest.mark.integration
-
-
-def read_topic(bootstrap: str, topic: str, partitions: int, isolation: str) -> list[tuple[int, bytes, bytes]]:
-    """Every record of the topic up to its end (the last stable offset for read_committed)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-            "isolation.level": isolation,
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    done: set[int] = set()
-    records: list[tuple[int, bytes, bytes]] = []
-    try:
-        for _ in range(600):  # a guard against a hang, not a timing assertion
-            if len(done) == partitions:
-                break
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error():
-                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
-                done.add(msg.partition())
-                continue
-            records.append((msg.partition(), msg.key(), msg.value()))
-    finally:
-        consumer.close()
-    assert len(done) == partitions, "did not reach the end of the topic"
-    return records
 
 
 @pytest.fixture
@@ -67,37 +34,6 @@ def setup(settings: Settings, make_topic: Callable[..., str], tmp_path: Path) ->
         },
         "bootstrap": settings.kafka_bootstrap,
     }
-
-
-def stage_epoch(setup: dict[str, Any], epoch: int = 1) -> list[Committable]:
-    """Two slices; slice 0 reads input partition 0 in two tasks, slice 1 reads partition 1."""
-    committables = []
-    for slice_, task, (start, until) in ((0, "s0-t0", (0, 5)), (0, "s0-t1", (5, 9)), (1, "s1-t0", (0, 4))):
-        ctx = TaskContext(
-            setup["pipeline"],
-            epoch,
-            slice_,
-            task,
-            "a1",
-            "out",
-            (OffsetRange(setup["input"], slice_, start, until),),
-        )
-        writer = KafkaWriter(setup["config"])
-        writer.begin(ctx)
-        writer.write({"key": f"k{i % 2}", "value": f"{task}:{i}"} for i in range(start, until))
-        writer.write([{"key": None, "value": b"\x00nokey"}])
-        committables.append(writer.pre_commit())
-    return committables
-
-
-def group_offsets(setup: dict[str, Any]) -> dict[tuple[str, int], int]:
-    return KafkaCommitter(setup["config"]).committed_offsets(
-        setup["pipeline"], [(setup["input"], 0), (setup["input"], 1)]
-    )
-
-
-def published(setup: dict[str, Any], isolation: str = "read_committed") -> list[tuple[int, bytes, bytes]]:
-    return read_topic(setup["bootstrap"], setup["config"]["topic"], 3, isolation)
 
 
 def test_commit_twice_publishes_once_in_order_and_commits_the_group_offsets(setup: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from onceflow.executor.writing import write_task
 from onceflow.faults import CRASH_AT_ENV, CRASH_SKIP_ENV, CRASH_STATE_ENV, crashed
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.sinks.files import FilesCommitter
+from onceflow.sinks.files import FilesCommitter, read_commit_log, read_committed_table
 from tests.faults import harness, invariants
 
 # ------------------------------------------------------------------------------------------ tallies
@@ -135,3 +135,23 @@ def test_a_crash_that_never_fired_and_a_violation_are_both_reported(tmp_path: Pa
         "fault 1 (before_decision): sink pg: 1 lost, 0 duplicated, 0 that must not be there"
     ]
     assert not harness.fired([])  # a fault without a crash did not fire either
+
+
+def test_a_winner_committed_again_alone_keeps_the_epochs_other_files(tmp_path: Path) -> None:
+    """The sweeper re-commits a committed epoch's winners one at a time: the entry keeps every file it
+    named, and counts each file's rows once."""
+    ref, sink, committer = _files(tmp_path)
+    first = write_task(ref, sink, "s0-t0", "a", _rows((0, 1), (0, 2)))
+    second = write_task(ref, sink, "s0-t1", "a", _rows((1, 1), (1, 2), (1, 3)))
+    committer.commit([first.to_committable(), second.to_committable()])
+    committer.commit([second.to_committable()])
+    committer.commit([first.to_committable()])
+    [entry] = read_commit_log(tmp_path / "files" / "records")
+    assert len(entry.adds) == 2 and entry.record_count == 5
+    assert sorted(read_committed_table(tmp_path / "files", "records")["_offset"].to_pylist()) == [
+        1,
+        1,
+        2,
+        2,
+        3,
+    ]

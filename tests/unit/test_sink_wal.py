@@ -44,7 +44,7 @@ def test_commit_pushes_a_large_log_in_batches_without_holding_it(
     writer.begin(TaskContext("p", 1, 0, "s0-t0", "a1", "out"))
     writer.write({"id": i, "name": f"customer-{i:08d}", "amount": i / 7} for i in range(ROWS))
     committable = writer.pre_commit()
-    log_size = (wal.StagingArea(tmp_path).for_committable(committable) / wal.LOG).stat().st_size
+    log_size = (wal.LocalStaging(tmp_path).for_committable(committable) / wal.LOG).stat().st_size
 
     pushed: list[int] = []
 
@@ -126,7 +126,7 @@ def test_nested_values_reach_psycopg_as_the_other_postgresql_sinks_give_them(
     writer.begin(TaskContext("p", 1, 0, "s0-t0", "a1", "out"))
     writer.write(NESTED_ROWS)
     committable = writer.pre_commit()
-    log = (wal.StagingArea(tmp_path).for_committable(committable) / wal.LOG).read_bytes()
+    log = (wal.LocalStaging(tmp_path).for_committable(committable) / wal.LOG).read_bytes()
     assert b'"price":-3.30,"ratio":1e-05,"big":1e+16' in log  # exact, as json_text writes it
 
     pushed: list[tuple[Any, ...]] = []

@@ -12,6 +12,7 @@ from typing import Any
 
 from onceflow import redact
 from onceflow.errors import ConfigError
+from onceflow.storage.s3 import is_s3, split
 
 
 class ConfigReader:
@@ -72,8 +73,26 @@ class ConfigReader:
             raise self._fail(key, "true or false", value)
         return value
 
-    def path(self, key: str) -> str:
-        return os.path.abspath(self.string(key))
+    def optional_mapping(self, key: str) -> Mapping[str, Any] | None:
+        """A nested mapping of settings (its values are checked by whoever reads it)."""
+        value = self._get(key)
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{self.kind} sink config {key}: expected a mapping of settings")
+        return value
+
+    def path(self, key: str, s3_url: bool = False) -> str:
+        """A local path, made absolute; with ``s3_url``, an ``s3://bucket/prefix`` URL is taken too, as it
+        is (the sink keeps its files in a bucket then)."""
+        value = self.string(key)
+        if not (s3_url and is_s3(value)):
+            return os.path.abspath(value)
+        try:
+            split(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.kind} sink config {key}: {exc}") from None
+        return value.rstrip("/")
 
     def columns(self, key: str = "columns", required: bool = True) -> tuple[tuple[str, str], ...]:
         """Columns as ordered (name, SQL or Arrow type) pairs, from a mapping or a list of pairs."""

@@ -4,6 +4,9 @@ transaction per slice together with the slice's input offsets.
 Row format: ``{"key": bytes | str | None, "value": bytes | str}``; strings are encoded as UTF-8 and any
 other column is an error. Staged records live in ``records.bin`` in the attempt's staging folder (see
 `staging`), each record as ``key length (int32, -1 for no key), key, value length (int32), value``.
+The staging root is a local folder, or an ``s3://bucket/prefix`` URL when the committer runs on another
+host than the tasks (a Spark cluster): the tasks then stream their records into objects there, and the
+committer reads them back from the bucket.
 
 The committer's ``transactional.id`` is fixed per (pipeline, sink, slice): a restarted coordinator's
 ``init_transactions`` fences the previous one and aborts its open transaction. The slice's input offsets
@@ -38,9 +41,10 @@ from onceflow.sinks.errors import (
     StagedOutputLost,
 )
 from onceflow.sinks.registry import SinkKind, SinkSetting
-from onceflow.sinks.staging import StagedFileWriter, StagingArea, sha256_file
+from onceflow.sinks.staging import StagedFileWriter, staging_area
 from onceflow.sources.consumer_group import position_group
 from onceflow.sources.kafka_clients import kafka_config
+from onceflow.storage.s3 import S3Settings, is_s3
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,9 +62,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class KafkaSinkConfig:
-    """``topic``, ``staging_root`` (folder for staged records), ``bootstrap`` (the kind's defaults fill
-    it with the deployment's Kafka), ``transaction_timeout_ms`` (the producer's
-    ``transaction.timeout.ms``, to compare with the pipeline's transaction timeout at plan time),
+    """``topic``, ``staging_root`` (folder or ``s3://bucket/prefix`` for staged records, with ``s3``
+    the object store's settings, which `SinkKind.config_for` fills for an ``s3://`` root),
+    ``bootstrap`` (the kind's defaults fill it with the deployment's Kafka), ``transaction_timeout_ms``
+    (the producer's ``transaction.timeout.ms``, to compare with the pipeline's transaction timeout at plan
+    time),
     ``partition`` (fixed output partition; default: by key hash), ``partitioner`` (librdkafka
     partitioner for keyed records, default ``murmur2_random`` as in Java clients), ``group_id`` (default
     ``onceflow-{pipeline}``), ``timeout_s`` (per broker operation), ``value_format`` ("raw": rows are
@@ -85,14 +91,19 @@ class KafkaSinkConfig:
     schema_registry_url: str | None = None
     schema_registry_allow_insecure_auth: bool = False
     name: str | None = None
+    s3: S3Settings | None = None
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> KafkaSinkConfig:
         reader = ConfigReader(KIND, config)
         bootstrap = reader.optional_string("bootstrap")
+        root = reader.path("staging_root", s3_url=True)
+        store = reader.optional_mapping("s3")
+        if is_s3(root) and store is None:  # the kind's config_for fills it for an s3:// root
+            raise deployment_default(KIND, "s3", "Settings.s3 (the AWS_* variables)")
         parsed = cls(
             topic=reader.string("topic"),
-            staging_root=reader.path("staging_root"),
+            staging_root=root,
             bootstrap=bootstrap or "",
             transaction_timeout_ms=reader.integer("transaction_timeout_ms", 900_000, minimum=1000),
             partition=reader.optional_integer("partition"),
@@ -105,6 +116,7 @@ class KafkaSinkConfig:
             schema_registry_url=reader.optional_string("schema_registry_url"),
             schema_registry_allow_insecure_auth=reader.boolean("schema_registry_allow_insecure_auth", False),
             name=reader.optional_string("name"),
+            s3=None if store is None or not is_s3(root) else S3Settings.from_config(store, f"{KIND} sink"),
         )
         reader.finish()
         if bootstrap is None:  # the kind's defaults fill it with the deployment's Kafka
@@ -186,7 +198,7 @@ def encode_record(row: Row) -> bytes:
     return _LENGTH.pack(len(key_bytes)) + key_bytes + _LENGTH.pack(len(value)) + value
 
 
-def _read_exact(f: IO[bytes], size: int, path: Path) -> bytes:
+def _read_exact(f: IO[bytes], size: int, path: object) -> bytes:
     data = f.read(size)
     if len(data) != size:
         raise StagedOutputCorrupt(f"{KIND}: {path} ends in the middle of a record")
@@ -196,13 +208,19 @@ def _read_exact(f: IO[bytes], size: int, path: Path) -> bytes:
 def read_records(path: Path) -> Iterator[tuple[bytes | None, bytes]]:
     """The staged (key, value) records of one file, in the order they were written."""
     with open(path, "rb") as f:
-        while head := f.read(_LENGTH.size):
-            if len(head) != _LENGTH.size:
-                raise StagedOutputCorrupt(f"{KIND}: {path} ends in the middle of a record")
-            (key_len,) = _LENGTH.unpack(head)
-            key = None if key_len < 0 else _read_exact(f, key_len, path)
-            (value_len,) = _LENGTH.unpack(_read_exact(f, _LENGTH.size, path))
-            yield key, _read_exact(f, value_len, path)
+        yield from records_in(f, path)
+
+
+def records_in(f: IO[bytes], path: object) -> Iterator[tuple[bytes | None, bytes]]:
+    """The staged (key, value) records read from ``f`` (a local file or an object's stream, which
+    ``path`` names in errors), in the order they were written."""
+    while head := f.read(_LENGTH.size):
+        if len(head) != _LENGTH.size:
+            raise StagedOutputCorrupt(f"{KIND}: {path} ends in the middle of a record")
+        (key_len,) = _LENGTH.unpack(head)
+        key = None if key_len < 0 else _read_exact(f, key_len, path)
+        (value_len,) = _LENGTH.unpack(_read_exact(f, _LENGTH.size, path))
+        yield key, _read_exact(f, value_len, path)
 
 
 def _natural(text: str) -> tuple[Any, ...]:
@@ -239,7 +257,7 @@ class KafkaWriter(StagedFileWriter):
 
     def __init__(self, config: KafkaSinkConfig | Mapping[str, Any]) -> None:
         self.config = _as_config(config)
-        super().__init__(Path(self.config.staging_root))
+        super().__init__(staging_area(self.config.staging_root, self.config.s3))
         self._count = 0
         self._avro = (
             AvroValues(
@@ -278,13 +296,13 @@ class KafkaWriter(StagedFileWriter):
         self._count += batch.num_rows
 
     def pre_commit(self) -> Committable:
-        task, folder = self._seal()
+        task, _ = self._seal()
         return self._publish(
             Committable.for_task(
                 task,
                 handle={"topic": self.config.topic, "file": RECORDS},
                 record_count=self._count,
-                checksum=sha256_file(folder / RECORDS),
+                checksum=self._sha256(),
             )
         )
 
@@ -302,7 +320,7 @@ class KafkaCommitter:
         crash_hook: Callable[[str], None] | None = None,
     ) -> None:
         self.config = _as_config(config)
-        self._area = StagingArea(Path(self.config.staging_root))
+        self._area = staging_area(self.config.staging_root, self.config.s3)
         self._hook = crash_hook or crash_point
 
     def commit(self, committables: Sequence[Committable]) -> None:
@@ -379,22 +397,29 @@ class KafkaCommitter:
             raise
         self._hook("kafka.committed")
 
-    def _staged_file(self, c: Committable) -> Path:
+    def _staged_file(self, c: Committable) -> Any:
+        """The attempt's staged records (a `Path`, or an ``s3://`` URL), checked against the checksum."""
         if c.handle.get("incomplete"):
             raise StagedOutputLost(f"{KIND}: {c.sink} epoch {c.epoch} {c.task} never pre-committed")
-        path = self._area.for_committable(c) / RECORDS
-        if not path.exists():
+        path = self._area.file(self._area.for_committable(c), RECORDS)
+        if not self._area.exists(path):
             raise StagedOutputLost(
                 f"{KIND}: {path} is gone but the group {self.config.group_for(c.pipeline)} is not at the "
                 f"epoch's offsets: epoch {c.epoch} slice {c.slice} was never published and cannot be"
             )
-        if sha256_file(path) != c.checksum:
+        if self._area.checksum(path) != c.checksum:
             raise StagedOutputCorrupt(f"{KIND}: {path} does not match its pre-commit checksum")
         return path
 
-    def _produce(self, producer: Producer, path: Path) -> None:
+    def _produce(self, producer: Producer, path: Any) -> None:
         partition = -1 if self.config.partition is None else self.config.partition  # -1: the partitioner
-        for key, value in read_records(path):
+        with self._area.open_input(path) as staged:
+            self._produce_records(producer, records_in(staged, path), partition)
+
+    def _produce_records(
+        self, producer: Producer, records: Iterable[tuple[bytes | None, bytes]], partition: int
+    ) -> None:
+        for key, value in records:
             full_since = None
             while True:
                 try:
@@ -534,7 +559,9 @@ SINK_KIND = SinkKind(
         SinkSetting(
             "staging_root",
             "path",
-            "folder where tasks stage records until the commit publishes them",
+            "folder where tasks stage records until the commit publishes them; an `s3://bucket/prefix` "
+            "URL stages them as objects there, which a committer on another host reads (a Spark "
+            "cluster), reached with the `AWS_*` settings (in Airflow: the `aws_default` connection)",
             required=True,
         ),
         SinkSetting(

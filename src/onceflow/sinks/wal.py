@@ -24,6 +24,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from onceflow.errors import ConfigError
 from onceflow.faults import crash_point
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks._pg import (
@@ -44,7 +45,8 @@ from onceflow.sinks._pg_checks import pg_plan_checks
 from onceflow.sinks.base import Committable, Row
 from onceflow.sinks.errors import RowError, StagedOutputCorrupt, StagedOutputLost
 from onceflow.sinks.registry import SinkKind, SinkSetting, pg_defaults
-from onceflow.sinks.staging import StagedFileWriter, StagingArea, sha256_file
+from onceflow.sinks.staging import LocalStaging, StagedFileWriter, sha256_file
+from onceflow.storage.s3 import is_s3
 
 if TYPE_CHECKING:
     import psycopg
@@ -66,6 +68,11 @@ class WalConfig:
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> WalConfig:
         reader = ConfigReader(KIND, config)
+        if is_s3(config.get("root")):
+            raise ConfigError(
+                f"{KIND} sink config root={config['root']!r}: the write-ahead log is kept in a local "
+                "folder only (an s3:// root is for the kafka sink's staging); give a local path"
+            )
         parsed = cls(root=reader.path("root"), table=PgTableConfig.read(reader))
         reader.finish()
         return parsed
@@ -146,7 +153,7 @@ class WalWriter(StagedFileWriter):
 
     def __init__(self, config: WalConfig | Mapping[str, Any]) -> None:
         self.config = _as_config(config)
-        super().__init__(Path(self.config.root))
+        super().__init__(LocalStaging(Path(self.config.root)))
         self._digest = RowDigest()
         self._nested: NestedValues | None = None  # the table's types, read at the first nested value
 
@@ -211,7 +218,7 @@ class WalCommitter:
         self, config: WalConfig | Mapping[str, Any], crash_hook: Callable[[str], None] | None = None
     ) -> None:
         self.config = _as_config(config)
-        self._area = StagingArea(Path(self.config.root))
+        self._area = LocalStaging(Path(self.config.root))
         self._hook = crash_hook or crash_point
 
     def commit(self, committables: Sequence[Committable]) -> None:
@@ -258,7 +265,10 @@ SINK_KIND = SinkKind(
     plan_checks=pg_plan_checks(lambda config: _as_config(config).table, prepares=False),
     settings=(
         SinkSetting(
-            "root", "path", "folder where tasks keep their rows until the commit pushes them", required=True
+            "root",
+            "path",
+            "local folder where tasks keep their rows until the commit pushes them",
+            required=True,
         ),
         *PG_TABLE_SETTINGS,
     ),

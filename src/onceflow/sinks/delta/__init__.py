@@ -77,7 +77,9 @@ SINK_KIND = SinkKind(
         SinkSetting(
             "path",
             "string",
-            "the table's folder or URI (a local path is made absolute); created with the table",
+            "the table's folder or URI (a local path is made absolute), or an `s3://bucket/prefix/table` URL "
+            "reached with the `AWS_*` settings (each version's log entry a put-if-absent: concurrent "
+            "writers are safe); created with the table",
             required=True,
         ),
         SinkSetting(

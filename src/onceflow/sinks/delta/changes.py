@@ -71,8 +71,9 @@ class DeltaChangesConfig:
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any], check_types: bool = True) -> DeltaChangesConfig:
+        config, s3 = layout.take_s3(config, KIND)
         reader = ConfigReader(KIND, config)
-        table = DeltaConfig.read(reader, columns_required=True, check_types=check_types)
+        table = DeltaConfig.read(reader, columns_required=True, check_types=check_types, s3=s3)
         keys = reader.string_list("key_columns")
         reader.finish()
         check_key_names(table.where, [n for n, _ in table.columns], keys)

@@ -44,14 +44,12 @@ class DeltaCommitter:
 
     def __init__(self, config: DeltaConfig | Mapping[str, Any]) -> None:
         self.config = as_config(config)
-        self._store = layout.Store.for_location(self.config.path)
+        self._store = self.config.store()
 
     def _load(self) -> Any | None:
-        from deltalake import DeltaTable
-
-        if not DeltaTable.is_deltatable(self.config.path):
+        if not self.config.is_table():
             return None
-        return DeltaTable(self.config.path)
+        return self.config.open_table()
 
     # What an epoch's staged files hold, as errors name them.
     staged_what = "data files"
@@ -148,8 +146,8 @@ class DeltaCommitter:
         for c in committables:
             folder = layout.attempt_dir(self.config.path, c)
             if table is not None and committed_epoch(table, c.pipeline, c.sink) >= c.epoch:
-                if live is None:
-                    live = set(table.file_uris())
+                if live is None:  # as store paths: delta-rs names a bucket's files by s3:// URL
+                    live = {self._store.path(u) for u in table.file_uris()}
                 held = [u for u in self._store.files_under(folder) if self._store.path(u) in live]
                 if held:
                     raise AlreadyCommitted(f"delta: {held[0]} is in the log of {self.config.path}")

@@ -4,6 +4,11 @@ Columns are declared with the Iceberg sink's type names (``long``, ``string``, `
 ``decimal(p,s)``, row type texts such as ``array<struct<sku:string,qty:int>>``), so that one pipeline
 can write either format; they become the plain Arrow types delta-rs maps to Delta's
 (``timestamp`` without a zone is Delta's ``timestamp_ntz``).
+
+A table in a bucket (``path: s3://bucket/prefix/table``) is reached with the object-store settings that
+onceflow puts in the sink's config under ``s3``: delta-rs gets them as ``storage_options`` (`DeltaConfig.
+storage_options`), which make it commit through a put-if-absent, and the staged files and markers go
+through a `layout.Store` built with them.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 from onceflow.errors import ConfigError
 from onceflow.sinks._config import ConfigReader
 from onceflow.sinks.delta import layout
+from onceflow.storage.s3 import S3Settings, is_s3
 
 KIND = "delta"
 
@@ -32,23 +38,30 @@ class DeltaConfig:
     commit_retries: int = 10
     name: str | None = None
     kind: str = KIND  # the sink kind whose config this is, named in errors
+    s3: S3Settings | None = None  # the object store of a table in a bucket
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any], check_types: bool = True) -> DeltaConfig:
+        config, s3 = layout.take_s3(config, KIND)
         reader = ConfigReader(KIND, config)
-        parsed = cls.read(reader, check_types=check_types)
+        parsed = cls.read(reader, check_types=check_types, s3=s3)
         reader.finish()
         return parsed
 
     @classmethod
     def read(
-        cls, reader: ConfigReader, columns_required: bool = False, check_types: bool = True
+        cls,
+        reader: ConfigReader,
+        columns_required: bool = False,
+        check_types: bool = True,
+        s3: S3Settings | None = None,
     ) -> DeltaConfig:
         """The table's settings, checked, as ``reader`` reads them for its kind (this one, or a kind that
         writes a Delta table and reads keys of its own before it calls ``reader.finish()``). Without
         ``check_types`` the declared columns' types are taken as the plan checked them: a task's writer
         opens the table the plan made, and parsing the type names (through pyiceberg's types, a third of
-        a second to import) would cost every task."""
+        a second to import) would cost every task. ``s3`` is what the config's ``s3`` entry holds
+        (`layout.take_s3`)."""
         partitions = reader.columns("partition_by", required=False)
         parsed = cls(
             path=layout.local_or_uri(reader.string("path")),
@@ -60,6 +73,7 @@ class DeltaConfig:
             commit_retries=reader.integer("commit_retries", 10, minimum=0),
             name=reader.optional_string("name"),
             kind=reader.kind,
+            s3=s3,
         )
         odd = [f"{n}: {t}" for n, t in partitions if t.strip().lower() != "identity"]
         if odd:
@@ -75,6 +89,30 @@ class DeltaConfig:
     @property
     def where(self) -> str:
         return f"{self.kind} sink {self.name or '?'} table {self.path}"
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """delta-rs ``storage_options`` for the table: a bucket's settings (credentials among them: never
+        print them), or None for a local table or one whose store delta-rs finds by itself."""
+        if self.s3 is None or not is_s3(self.path):
+            return None
+        return self.s3.delta_options()
+
+    def store(self) -> layout.Store:
+        """The file system of the table's staged files and markers."""
+        return layout.Store.for_location(self.path, s3=self.s3)
+
+    def open_table(self, version: int | None = None) -> Any:
+        """The table (at ``version``, else its latest), as delta-rs reads it."""
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.path, version=version, storage_options=self.storage_options)
+
+    def is_table(self) -> bool:
+        """Whether there is a Delta table at ``path``."""
+        from deltalake import DeltaTable
+
+        return bool(DeltaTable.is_deltatable(self.path, storage_options=self.storage_options))
 
 
 def as_config(config: DeltaConfig | Mapping[str, Any], check_types: bool = True) -> DeltaConfig:

@@ -11,10 +11,14 @@ table as of it is the table as of the last earlier epoch that wrote (`version_as
 only knows what the log still holds: commits older than the table's log retention
 (``delta.logRetentionDuration``, 30 days by default) are gone from it once a checkpoint is written, and
 with them their epochs.
+
+A table given by its path is opened with ``storage_options`` (delta-rs's), e.g. a bucket's
+`S3Settings.delta_options`; an open `DeltaTable` is read as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,12 +44,17 @@ class EpochCommit:
     participants: int | None
 
 
-def epoch_commits(table: str | DeltaTable, pipeline: str, sink: str) -> list[EpochCommit]:
+Options = Mapping[str, str] | None
+
+
+def epoch_commits(
+    table: str | DeltaTable, pipeline: str, sink: str, storage_options: Options = None
+) -> list[EpochCommit]:
     """The commits of (pipeline, sink) in the table's log, by epoch. Should an epoch appear twice (it
     cannot through the committer, whose ``txn`` action refuses a repeat), its first commit is kept:
     that is the version from which its rows are in the table."""
     found: dict[int, EpochCommit] = {}
-    for info in _open(table).history():
+    for info in _open(table, storage_options).history():
         if info.get(PIPELINE_KEY) != pipeline or info.get(SINK_KEY) != sink:
             continue
         epoch = _integer(info.get(EPOCH_KEY))
@@ -63,15 +72,19 @@ def epoch_commits(table: str | DeltaTable, pipeline: str, sink: str) -> list[Epo
     return [found[e] for e in sorted(found)]
 
 
-def epoch_versions(table: str | DeltaTable, pipeline: str, sink: str) -> dict[int, int]:
+def epoch_versions(
+    table: str | DeltaTable, pipeline: str, sink: str, storage_options: Options = None
+) -> dict[int, int]:
     """Epoch → the table version its commit made, for every epoch of (pipeline, sink) that wrote rows."""
-    return {c.epoch: c.version for c in epoch_commits(table, pipeline, sink)}
+    return {c.epoch: c.version for c in epoch_commits(table, pipeline, sink, storage_options)}
 
 
-def version_of_epoch(table: str | DeltaTable, pipeline: str, sink: str, epoch: int) -> int:
+def version_of_epoch(
+    table: str | DeltaTable, pipeline: str, sink: str, epoch: int, storage_options: Options = None
+) -> int:
     """The table version whose commit holds ``epoch`` of (pipeline, sink); LookupError when the log has
     no commit of that epoch (it wrote nothing, is not committed yet, or left the log)."""
-    versions = epoch_versions(table, pipeline, sink)
+    versions = epoch_versions(table, pipeline, sink, storage_options)
     if epoch not in versions:
         raise LookupError(
             f"no Delta commit of epoch {epoch} of {pipeline}:{sink} in the table's log ({_span(versions)})"
@@ -79,19 +92,21 @@ def version_of_epoch(table: str | DeltaTable, pipeline: str, sink: str, epoch: i
     return versions[epoch]
 
 
-def version_as_of_epoch(table: str | DeltaTable, pipeline: str, sink: str, epoch: int) -> int | None:
+def version_as_of_epoch(
+    table: str | DeltaTable, pipeline: str, sink: str, epoch: int, storage_options: Options = None
+) -> int | None:
     """The version of the last commit of (pipeline, sink) at or before ``epoch``: the table as the
     pipeline left it once ``epoch`` committed, epochs that staged nothing included. None when no earlier
     epoch is in the log. Whether ``epoch`` itself has committed yet is the ledger's to say, not the log's."""
-    earlier = [c for c in epoch_commits(table, pipeline, sink) if c.epoch <= epoch]
+    earlier = [c for c in epoch_commits(table, pipeline, sink, storage_options) if c.epoch <= epoch]
     return earlier[-1].version if earlier else None
 
 
-def _open(table: str | DeltaTable) -> DeltaTable:
+def _open(table: str | DeltaTable, storage_options: Options) -> DeltaTable:
     if isinstance(table, str):
         from deltalake import DeltaTable
 
-        return DeltaTable(table)
+        return DeltaTable(table, storage_options=dict(storage_options) if storage_options else None)
     return table
 
 

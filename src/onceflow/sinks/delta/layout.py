@@ -26,6 +26,7 @@ from onceflow.sinks.iceberg import files
 
 Store = files.Store
 make_durable = files.make_durable
+take_s3 = files.take_s3
 
 
 def local_or_uri(path: str) -> str:

@@ -30,14 +30,13 @@ from onceflow.sinks.errors import RowError, WriterStateError
 log = logging.getLogger(__name__)
 
 
-def table_layout(uri: str) -> tuple[Any, tuple[str, ...]] | None:
-    """The table's Arrow schema and partition columns, or None when there is no Delta table at ``uri``."""
+def table_layout(config: DeltaConfig) -> tuple[Any, tuple[str, ...]] | None:
+    """The table's Arrow schema and partition columns, or None when there is no Delta table at its path."""
     import pyarrow as pa
-    from deltalake import DeltaTable
 
-    if not DeltaTable.is_deltatable(uri):
+    if not config.is_table():
         return None
-    table = DeltaTable(uri)
+    table = config.open_table()
     return pa.schema(table.schema().to_arrow()), tuple(table.metadata().partition_columns)
 
 
@@ -47,7 +46,7 @@ def ensure_table(config: DeltaConfig, schema: Any) -> tuple[Any, tuple[str, ...]
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
-    found = table_layout(config.path)
+    found = table_layout(config)
     if found is not None:
         return found
     if not config.create_table:
@@ -60,11 +59,12 @@ def ensure_table(config: DeltaConfig, schema: Any) -> tuple[Any, tuple[str, ...]
             mode="ignore",
             partition_by=list(config.partition_by) or None,
             configuration=dict(config.properties) or None,
+            storage_options=config.storage_options,
         )
     except DeltaError:
-        if table_layout(config.path) is None:  # not another task's creation: a real failure
+        if table_layout(config) is None:  # not another task's creation: a real failure
             raise
-    created = table_layout(config.path)
+    created = table_layout(config)
     assert created is not None
     return created
 
@@ -75,7 +75,7 @@ def check_table(config: DeltaConfig, columns: tuple[tuple[str, str], ...] | None
     refused in one line; a missing table whose columns are known is created, and new columns and nested
     fields are added to an existing one (`evolution`; refused with ``create_table`` false). A preview
     (``apply`` false) creates and adds nothing."""
-    existing = table_layout(config.path)
+    existing = table_layout(config)
     if existing is not None:
         check_transactions_kept(config)
     if existing is None and not config.create_table:
@@ -101,9 +101,7 @@ def check_table(config: DeltaConfig, columns: tuple[tuple[str, str], ...] | None
             "create_table is false: add them to the table first"
         )
     if apply:
-        from deltalake import DeltaTable
-
-        evolution.widen(DeltaTable(config.path), added, config.where)
+        evolution.widen(config.open_table(), added, config.where)
         log.info("%s: added or widened the columns %s", config.where, [f.name for f in added])
 
 
@@ -114,9 +112,7 @@ TRANSACTION_RETENTION = "delta.setTransactionRetentionDuration"
 
 def check_transactions_kept(config: DeltaConfig) -> None:
     """Refuse a table that expires transaction versions: they are how a repeated commit is recognised."""
-    from deltalake import DeltaTable
-
-    expiring = DeltaTable(config.path).metadata().configuration.get(TRANSACTION_RETENTION)
+    expiring = config.open_table().metadata().configuration.get(TRANSACTION_RETENTION)
     if expiring:
         raise ConfigError(
             f"{config.where}: the table sets {TRANSACTION_RETENTION}={expiring}; onceflow recognises a "
@@ -130,7 +126,7 @@ class DeltaWriter:
     def __init__(self, config: DeltaConfig | Mapping[str, Any]) -> None:
         self.config = as_config(config, check_types=False)  # the plan checked them
         self._task: TaskContext | None = None
-        self._store = layout.Store.for_location(self.config.path)
+        self._store = self.config.store()
         self._schema: Any = None
         self._partition_by: tuple[str, ...] = ()  # the table's, whatever a config of it says
         self._pending: list[Any] = []
@@ -156,7 +152,7 @@ class DeltaWriter:
         """The table's schema, which the plan made or widened; only a table the plan could not make (its
         columns known from the rows alone) is made here, from the declared columns or these rows."""
         if self._schema is None:
-            found = table_layout(self.config.path)
+            found = table_layout(self.config)
             if found is None:
                 wanted = (
                     declared_schema(self.config.columns, self.config.where)
@@ -252,7 +248,8 @@ class DeltaWriter:
         task = self._require()
         uri = f"{layout.attempt_dir(self.config.path, task)}/part-{len(self._files):05d}.parquet"
         path = self._store.path(uri)
-        self._store.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        if self._store.local:  # a bucket has no folders to make
+            self._store.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         pq.write_table(rows, path, filesystem=self._store.fs)
         layout.make_durable(uri)
         info = self._store.fs.get_file_info(path)

@@ -23,6 +23,10 @@ unless its row type says ``?`` (a column itself is always nullable). A new colum
 struct column, of list elements or of map values, is added as an optional one (Iceberg's additive
 evolution, ids kept) in a schema update committed at plan time, before the epoch's snapshot; a field
 whose type changed is refused at plan time.
+
+The warehouse may be a bucket (``warehouse: s3://bucket/prefix`` in ``catalog_properties``): the sink's
+config then carries the deployment's object-store settings (``s3``), which become pyiceberg's ``s3.*``
+FileIO properties and the settings of every `files.Store` the writer, committer and sweeper build.
 """
 
 from __future__ import annotations
@@ -91,9 +95,11 @@ class IcebergConfig:
     commit_retries: int = 10
     name: str | None = None
     kind: str = KIND  # the sink kind whose config this is, for messages
+    s3: files.S3Settings | None = None  # the object store of a warehouse in a bucket
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> IcebergConfig:
+        config, s3 = files.take_s3(config, KIND)
         reader = ConfigReader(KIND, config)
         parsed = cls(
             table=reader.string("table"),
@@ -105,6 +111,7 @@ class IcebergConfig:
             rows_per_file=reader.integer("rows_per_file", 100_000, minimum=1),
             commit_retries=reader.integer("commit_retries", 10, minimum=0),
             name=reader.optional_string("name"),
+            s3=s3,
         )
         reader.finish()
         tables.identifier(parsed.table)
@@ -116,16 +123,30 @@ class IcebergConfig:
     def where(self) -> str:
         return f"{self.kind} sink {self.name or '?'} table {self.table}"
 
-    def open_catalog(self) -> Catalog:
+    def catalog_properties_with_s3(self) -> dict[str, str]:
+        """The catalog's properties, with pyiceberg's ``s3.*`` FileIO properties from the object-store
+        settings when the sink has them (those the sink's ``catalog_properties`` set themselves win).
+        They hold credentials: never print them unredacted."""
         properties = dict(self.catalog_properties)
-        if not properties:  # the kind's defaults fill them with the catalog under the deployment's home
+        if self.s3 is None:
+            return properties
+        return {**self.s3.iceberg_properties(), **properties}
+
+    def store(self, location: str) -> files.Store:
+        """The file system of a location of the table (data files, markers), in the bucket through the
+        sink's object-store settings."""
+        return files.Store.for_location(location, s3=self.s3)
+
+    def open_catalog(self) -> Catalog:
+        if not self.catalog_properties:  # the kind's defaults fill them with the catalog under the home
             raise deployment_default(self.kind, "catalog_properties", "Settings.home (ONCEFLOW_HOME)")
+        properties = self.catalog_properties_with_s3()
         try:
             return tables.catalog(self.catalog, properties)
         except Exception as exc:
             raise ConfigError(
                 f"{self.where}: cannot open the Iceberg catalog {self.catalog!r} "
-                f"({type(exc).__name__}: {redact.text(exc)}); check catalog_properties"
+                f"({type(exc).__name__}: {' '.join(redact.text(exc).split())}); check catalog_properties"
             ) from exc
 
 
@@ -210,7 +231,7 @@ class IcebergWriter:
 
     def _open(self, table: Table) -> None:
         self._table = table
-        self._store = start_attempt(table, self._require())
+        self._store = start_attempt(table, self._require(), self.config.store(table.location()))
 
     def _require(self) -> TaskContext:
         if self._task is None or self._done:
@@ -337,10 +358,9 @@ class IcebergWriter:
         drop_attempt(self._task, self._table, self._store)
 
 
-def start_attempt(table: Table, task: TaskContext) -> files.Store:
-    """Start a task attempt in ``table``: a fresh data folder, and its marker written first (what the
-    orphan scan finds if the attempt dies)."""
-    store = files.Store.for_location(table.location())
+def start_attempt(table: Table, task: TaskContext, store: files.Store) -> files.Store:
+    """Start a task attempt in ``table`` (whose files ``store`` reaches): a fresh data folder, and its
+    marker written first (what the orphan scan finds if the attempt dies)."""
     store.delete_dir(files.attempt_data_dir(_data_path(table), task))  # never mix two runs
     started = Committable.for_task(task, handle={"incomplete": True})
     store.write(files.marker_uri(table.location(), task), started.to_json().encode())
@@ -475,7 +495,7 @@ class IcebergCommitter:
                     raise StagedOutputLost(f"{KIND}: {c.sink} epoch {c.epoch} {c.task} never pre-committed")
             table = self._commit_epoch(epoch, group)
             if table is not None:
-                store = files.Store.for_location(table.location())
+                store = self.config.store(table.location())
                 for c in group:
                     store.delete_file(files.marker_uri(table.location(), c))
 
@@ -497,7 +517,7 @@ class IcebergCommitter:
             if is_committed(table, first.pipeline, first.sink, epoch):
                 return table
             # 2.
-            store = files.Store.for_location(table.location())
+            store = self.config.store(table.location())
             missing = [s["path"] for s in specs if not store.exists(s["path"])]
             if missing:
                 raise StagedOutputLost(
@@ -554,7 +574,7 @@ class IcebergCommitter:
         table = self._load()
         if table is None:
             return
-        store = files.Store.for_location(table.location())
+        store = self.config.store(table.location())
         referenced: set[str] | None = None
         for c in committables:
             folder = files.attempt_data_dir(_data_path(table), c)
@@ -571,7 +591,7 @@ class IcebergCommitter:
         table = self._load()
         if table is None:
             return []
-        store = files.Store.for_location(table.location())
+        store = self.config.store(table.location())
         return files.list_markers(store, table.location(), pipeline, self.config.name)
 
 
@@ -674,7 +694,8 @@ SINK_KIND = SinkKind(
             "catalog_properties",
             "columns",
             "pyiceberg catalog properties, e.g. `{type: rest, uri: …}` or `{type: sql, uri: "
-            "postgresql+psycopg://…, warehouse: …}`",
+            "postgresql+psycopg://…, warehouse: …}`; a `warehouse: s3://bucket/prefix` is reached with "
+            "the `AWS_*` settings, given to pyiceberg as its `s3.*` properties",
             default_from="SQL catalog in SQLite under `ONCEFLOW_HOME/iceberg`",
         ),
         SinkSetting(

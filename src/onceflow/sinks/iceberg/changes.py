@@ -96,6 +96,7 @@ class ChangesConfig:
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> ChangesConfig:
+        config, s3 = files.take_s3(config, KIND)
         reader = ConfigReader(KIND, config)
         table = IcebergConfig(
             table=reader.string("table"),
@@ -108,6 +109,7 @@ class ChangesConfig:
             commit_retries=reader.integer("commit_retries", 10, minimum=0),
             name=reader.optional_string("name"),
             kind=KIND,
+            s3=s3,
         )
         keys = reader.string_list("key_columns")
         reader.finish()
@@ -200,7 +202,7 @@ class IcebergChangesWriter:
         table = tables.load(self.config.table.open_catalog(), self.config.table.table)
         table = table if table is not None else _ensure_table(self.config)
         self._table, self._schema = table, staging_schema(table)
-        self._store = start_attempt(table, task)
+        self._store = start_attempt(table, task, self.config.table.store(table.location()))
 
     def _require(self) -> TaskContext:
         if self._task is None or self._done:
@@ -261,7 +263,8 @@ class IcebergChangesWriter:
         changes = last_changes(pa.concat_tables(self._pending), self.config.key_columns)
         folder = files.attempt_data_dir(_data_path(self._table), task)
         uri = f"{folder}/changes-{len(self._files):05d}.parquet"
-        self._store.fs.create_dir(self._store.path(folder), recursive=True)
+        if self._store.local:  # a bucket has no folders to make
+            self._store.fs.create_dir(self._store.path(folder), recursive=True)
         with self._store.fs.open_output_stream(self._store.path(uri)) as out:
             pq.write_table(changes, out)
         files.make_durable(uri)
@@ -327,7 +330,7 @@ class IcebergChangesCommitter:
                 return None
             if is_committed(table, first.pipeline, first.sink, epoch):
                 return table
-            store = files.Store.for_location(table.location())
+            store = self.config.table.store(table.location())
             missing = [p for p in staged if not store.exists(p)]
             if missing:
                 raise StagedOutputLost(
@@ -356,7 +359,7 @@ class IcebergChangesCommitter:
         self, table: Table, epoch: int, group: list[Committable], staged: list[str], folder: str, attempt: int
     ) -> None:
         first = group[0]
-        plan = self._plan(table, _read_staged(table, staged))
+        plan = self._plan(table, _read_staged(table, staged, self.config.table.store(table.location())))
         new_files = _write_data_files(table, plan.rows, folder)
         summary = {
             SUMMARY_PIPELINE: first.pipeline,
@@ -417,7 +420,7 @@ class IcebergChangesCommitter:
 
     def _forget(self, table: Table, group: list[Committable]) -> None:
         """The applied epoch's staged files and markers: no longer staged output."""
-        store = files.Store.for_location(table.location())
+        store = self.config.table.store(table.location())
         for c in group:
             store.delete_dir(files.attempt_data_dir(_data_path(table), c))
             store.delete_file(files.marker_uri(table.location(), c))
@@ -432,17 +435,16 @@ class IcebergChangesCommitter:
         table = self._load()
         if table is None:
             return []
-        store = files.Store.for_location(table.location())
+        store = self.config.table.store(table.location())
         return files.list_markers(store, table.location(), pipeline, self.config.table.name)
 
 
-def _read_staged(table: Table, paths: Sequence[str]) -> pa.Table:
+def _read_staged(table: Table, paths: Sequence[str], store: files.Store) -> pa.Table:
     """The staged changes, in the table's current schema (columns added since as nulls)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = staging_schema(table)
-    store = files.Store.for_location(table.location())
     parts = [pq.read_table(store.path(p), filesystem=store.fs) for p in paths]
     return pa.concat_tables([_fit(p, schema) for p in parts]) if parts else schema.empty_table()
 

@@ -11,7 +11,9 @@ and under the table location:
   A marker is what makes an attempt's files "staged": the committer deletes it once the files are in a
   snapshot, abort deletes it with the files, and the sweeper lists what is left.
 
-Paths are URIs that `onceflow.storage.store.Store` understands (``file://``, ``s3://``, …).
+Paths are URIs that `onceflow.storage.store.Store` understands (``file://``, ``s3://``, …). A table in
+a bucket is reached with the object-store settings that onceflow puts in the sink's config under ``s3``
+(`take_s3`); every Store of such a table is built with them.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from onceflow.committables import Committable, TaskContext
+from onceflow.errors import ConfigError
 from onceflow.names import check_name
+from onceflow.storage.s3 import S3Settings
 from onceflow.storage.store import Store, make_durable
 
-__all__ = ["Store", "make_durable"]
+__all__ = ["S3Settings", "Store", "make_durable", "take_s3"]
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
@@ -32,6 +36,18 @@ if TYPE_CHECKING:
 
 MARKERS = "onceflow-staging"
 DATA = "onceflow"
+
+
+def take_s3(config: Mapping[str, Any], kind: str) -> tuple[dict[str, Any], S3Settings | None]:
+    """A sink config without its ``s3`` entry, and the object-store settings that entry holds (None
+    without one). onceflow adds the entry to the config of a sink that names an ``s3://`` location, as
+    it adds ``name``; it is no setting a user writes, so the config's own reader never sees it."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{kind} sink config must be a mapping, got {type(config).__name__}")
+    rest = {k: v for k, v in config.items() if k != "s3"}
+    if config.get("s3") is None:
+        return rest, None
+    return rest, S3Settings.from_config(config["s3"], f"{kind} sink {config.get('name') or '?'}")
 
 
 def data_root(data_path: str, pipeline: str, sink: str) -> str:
@@ -48,21 +64,25 @@ def attempt_data_dir(data_path: str, c: TaskContext | Committable) -> str:
     return f"{epoch_data_dir(data_path, c.pipeline, c.sink, c.epoch)}/{c.task}/attempt-{c.attempt}"
 
 
-def marker_root(location: str, pipeline: str, sink: str) -> str:
-    return f"{location.rstrip('/')}/{MARKERS}/{check_name('pipeline', pipeline)}/{check_name('sink', sink)}"
+def marker_root(location: str, pipeline: str, sink: str, folder: str = MARKERS) -> str:
+    return f"{location.rstrip('/')}/{folder}/{check_name('pipeline', pipeline)}/{check_name('sink', sink)}"
 
 
-def marker_uri(location: str, c: TaskContext | Committable) -> str:
+def marker_uri(location: str, c: TaskContext | Committable, folder: str = MARKERS) -> str:
+    """The marker of an attempt, in ``folder`` under ``location`` (another sink may name its own)."""
     check_name("task", c.task)
     check_name("attempt", c.attempt)
-    return f"{marker_root(location, c.pipeline, c.sink)}/epoch={c.epoch}/{c.task}/attempt-{c.attempt}.json"
+    root = marker_root(location, c.pipeline, c.sink, folder)
+    return f"{root}/epoch={c.epoch}/{c.task}/attempt-{c.attempt}.json"
 
 
-def list_markers(store: Store, location: str, pipeline: str, sink: str | None) -> list[Committable]:
+def list_markers(
+    store: Store, location: str, pipeline: str, sink: str | None, folder: str = MARKERS
+) -> list[Committable]:
     """Every attempt of the pipeline (of one sink if given) that has a marker: its committable, or an
     incomplete one rebuilt from the path (a marker cut short by a crash)."""
     found: list[Committable] = []
-    root = f"{location.rstrip('/')}/{MARKERS}/{check_name('pipeline', pipeline)}"
+    root = f"{location.rstrip('/')}/{folder}/{check_name('pipeline', pipeline)}"
     if sink is not None:
         root += f"/{check_name('sink', sink)}"
     prefix = store.uri(store.path(root))
