@@ -28,6 +28,9 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## Write your own pipeline"
+# Run after SECTION, in its folder and its shell's environment (it reads the clicks that one produced).
+BUCKET_SECTION = "## Write to a bucket"
+BUCKET_PREFIX = "lake"
 _BLOCK = re.compile(r"<!-- readme-test: (\w+)(?: (\S+))? -->\n```(\w+)\n(.*?)```\n", re.DOTALL)
 
 
@@ -39,18 +42,18 @@ class Block:
     body: str
 
 
-def section_blocks() -> list[Block]:
+def section_blocks(heading: str = SECTION) -> list[Block]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index(f"\n{SECTION}\n")
+    start = text.index(f"\n{heading}\n")
     end = text.find("\n## ", start + 1)
     section = text[start : end if end != -1 else len(text)]
     blocks = [Block(m[1], m[2], m[3], m[4]) for m in _BLOCK.finditer(section)]
     for match in _BLOCK.finditer(section):
         if match.group(1) == "file":  # the mark is invisible: the prose before must name the file
             before = section[: match.start()].rsplit("```", 1)[-1]
-            assert f"`{match.group(2)}`" in before, f"{SECTION}: no visible name for {match.group(2)}"
+            assert f"`{match.group(2)}`" in before, f"{heading}: no visible name for {match.group(2)}"
     fences = section.count("\n```") // 2
-    assert len(blocks) == fences, f"{SECTION}: {fences - len(blocks)} code blocks without a readme-test mark"
+    assert len(blocks) == fences, f"{heading}: {fences - len(blocks)} code blocks without a readme-test mark"
     return blocks
 
 
@@ -127,8 +130,36 @@ def test_the_section_runs_as_written(
     }
     folder = tmp_path / "work"
     folder.mkdir()
+    env = _run_blocks(blocks[1:], env, folder)
+
+    # The promise behind the output shown: each click once, even after the second run.
+    import psycopg
+
+    with psycopg.connect(pg_database) as conn:
+        rows = conn.execute("SELECT count(*), count(DISTINCT (_partition, _offset)) FROM clicks").fetchone()
+    assert rows == (3, 3)
+    _check_spark_and_airflow_route(blocks, env, folder, settings)
+
+    # The bucket section, on the stack's S3 server, from an empty prefix (a ledger of this test).
+    assert settings.s3 is not None, "the local stack's S3 server is not in the settings"
+    _empty_prefix(settings, BUCKET_PREFIX)
+    try:
+        _run_blocks(section_blocks(BUCKET_SECTION), env, folder)
+    finally:
+        _empty_prefix(settings, BUCKET_PREFIX)
+
+
+def _empty_prefix(settings: Settings, prefix: str) -> None:
+    from onceflow.storage.store import Store
+
+    url = f"s3://onceflow/{prefix}"
+    Store.for_location(url, settings.s3).delete_dir(url)
+
+
+def _run_blocks(blocks: list[Block], env: dict[str, str], folder: Path) -> dict[str, str]:
+    """Follow ``blocks`` in ``folder``; the environment the last ``run`` block left."""
     last: subprocess.CompletedProcess[str] | None = None
-    for block in blocks[1:]:
+    for block in blocks:
         if block.kind == "file":
             assert block.arg is not None
             path = folder / block.arg
@@ -146,14 +177,7 @@ def test_the_section_runs_as_written(
             assert checked.returncode == 0, checked.stderr
         else:
             pytest.fail(f"unknown readme-test mark {block.kind!r}")
-
-    # The promise behind the output shown: each click once, even after the second run.
-    import psycopg
-
-    with psycopg.connect(pg_database) as conn:
-        rows = conn.execute("SELECT count(*), count(DISTINCT (_partition, _offset)) FROM clicks").fetchone()
-    assert rows == (3, 3)
-    _check_spark_and_airflow_route(blocks, env, folder, settings)
+    return env
 
 
 def _check_spark_and_airflow_route(
