@@ -10,6 +10,8 @@ from onceflow.errors import ConfigError
 from onceflow.sinks.registry import SinkSetting, configured_columns
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from onceflow.pipeline import Pipeline
 
 # A change row's op (c, r, u, d, t) and its source position, which orders a key's changes.
@@ -87,3 +89,45 @@ def check_key(where: str, key_columns: Sequence[str], key: Sequence[str]) -> Non
             f"{where}: key_columns {list(key_columns)} are not the change stream's key {list(key)}, "
             "whose partitions order each key's changes"
         )
+
+
+def last_changes(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """Every truncate, and per key its last change in source order (the highest offset of its
+    partition), in source order. A key's earlier changes are superseded by its last, whether that one
+    applies or a later truncate removes it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if changes.num_rows == 0:
+        return changes
+    ordered = changes.sort_by([(PARTITION, "ascending"), (OFFSET, "ascending")])
+    ordered = ordered.append_column("_row", pa.array(range(ordered.num_rows), pa.int64()))
+    truncate = pc.fill_null(pc.equal(ordered[OP], "t"), False)
+    rows = ordered.filter(pc.invert(truncate)).select([*keys, "_row"])
+    last = rows.group_by(list(keys), use_threads=False).aggregate([("_row", "max")])["_row_max"]
+    picked = pa.chunked_array([*last.chunks, *ordered.filter(truncate)["_row"].chunks], pa.int64())
+    picked = picked.combine_chunks()
+    return ordered.take(pc.take(picked, pc.sort_indices(picked))).drop_columns(["_row"])
+
+
+def _max_offsets(truncates: pa.Table) -> dict[int, int]:
+    found: dict[int, int] = {}
+    for partition, offset in zip(
+        truncates[PARTITION].to_pylist(), truncates[OFFSET].to_pylist(), strict=True
+    ):
+        found[partition] = max(offset, found.get(partition, offset))
+    return found
+
+
+def applicable(staged: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, bool]:
+    """The changes an epoch applies, the last per key in source order without those a later truncate
+    of their partition drops, and whether the epoch truncates the table (before applying them)."""
+    import pyarrow.compute as pc
+
+    changes = last_changes(staged, keys)
+    truncate = pc.fill_null(pc.equal(changes[OP], "t"), False)
+    live, truncated = changes.filter(pc.invert(truncate)), changes.filter(truncate)
+    for partition, last in _max_offsets(truncated).items():
+        before = pc.and_(pc.equal(live[PARTITION], partition), pc.less(live[OFFSET], last))
+        live = live.filter(pc.invert(pc.fill_null(before, False)))
+    return live, truncated.num_rows > 0

@@ -34,10 +34,12 @@ from onceflow.sinks._changes import (
     OFFSET,
     OP,
     PARTITION,
+    applicable,
     change_columns,
     change_settings,
     check_key,
     check_key_names,
+    last_changes,
     stream_key,
 )
 from onceflow.sinks._config import ConfigReader
@@ -48,7 +50,7 @@ from onceflow.sinks.delta.committer import DeltaCommitter, committed_epoch
 from onceflow.sinks.delta.config import DeltaConfig, declared_schema
 from onceflow.sinks.delta.writer import DeltaWriter, check_table
 from onceflow.sinks.errors import RowError
-from onceflow.sinks.iceberg.changes import _fit, _max_offsets, last_changes
+from onceflow.sinks.iceberg.changes import _fit
 from onceflow.sinks.registry import SinkKind
 
 if TYPE_CHECKING:
@@ -159,20 +161,6 @@ class DeltaChangesWriter(DeltaWriter):
 # -------------------------------------------------------------------------------------- committer
 
 
-def applicable(staged: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, bool]:
-    """The changes an epoch applies, the last per key in source order without those a later truncate
-    of their partition drops, and whether the epoch truncates the table (before applying them)."""
-    import pyarrow.compute as pc
-
-    changes = last_changes(staged, keys)
-    truncate = pc.fill_null(pc.equal(changes[OP], "t"), False)
-    live, truncated = changes.filter(pc.invert(truncate)), changes.filter(truncate)
-    for partition, last in _max_offsets(truncated).items():
-        before = pc.and_(pc.equal(live[PARTITION], partition), pc.less(live[OFFSET], last))
-        live = live.filter(pc.invert(pc.fill_null(before, False)))
-    return live, truncated.num_rows > 0
-
-
 def merge_predicate(keys: Sequence[str]) -> str:
     """The merge's join: the key columns equal (quoted, so any column name is taken as it is)."""
     return " AND ".join(f'target."{k}" = source."{k}"' for k in keys)
@@ -215,10 +203,7 @@ class DeltaChangesCommitter(DeltaCommitter):
             assert table is not None
             if committed_epoch(table, group[0].pipeline, group[0].sink) >= epoch:
                 return
-        partition_by = list(table.metadata().partition_columns)
-        table.create_write_transaction(
-            [], "append", table.schema(), partition_by=partition_by or None, commit_properties=properties
-        )
+        super()._write(table, epoch, group, [])  # no file: the txn action alone
 
     def _read_staged(self, table: Any, paths: Sequence[str]) -> pa.Table:
         """The staged changes, in the table's current columns (columns added since as nulls)."""

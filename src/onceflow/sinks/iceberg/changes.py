@@ -34,10 +34,12 @@ from onceflow.sinks._changes import (
     OFFSET,
     OP,
     PARTITION,
+    applicable,
     change_columns,
     change_settings,
     check_key,
     check_key_names,
+    last_changes,
     stream_key,
 )
 from onceflow.sinks._config import ConfigReader
@@ -154,25 +156,6 @@ def staging_schema(table: Table) -> pa.Schema:
     return pa.schema(
         [*schema, pa.field(OP, pa.string()), pa.field(PARTITION, pa.int32()), pa.field(OFFSET, pa.int64())]
     )
-
-
-def last_changes(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """Every truncate, and per key its last change in source order (the highest offset of its
-    partition), in source order. A key's earlier changes are superseded by its last, whether that one
-    applies or a later truncate removes it."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if changes.num_rows == 0:
-        return changes
-    ordered = changes.sort_by([(PARTITION, "ascending"), (OFFSET, "ascending")])
-    ordered = ordered.append_column("_row", pa.array(range(ordered.num_rows), pa.int64()))
-    truncate = pc.fill_null(pc.equal(ordered[OP], "t"), False)
-    rows = ordered.filter(pc.invert(truncate)).select([*keys, "_row"])
-    last = rows.group_by(list(keys), use_threads=False).aggregate([("_row", "max")])["_row_max"]
-    picked = pa.chunked_array([*last.chunks, *ordered.filter(truncate)["_row"].chunks], pa.int64())
-    picked = picked.combine_chunks()
-    return ordered.take(pc.take(picked, pc.sort_indices(picked))).drop_columns(["_row"])
 
 
 # ----------------------------------------------------------------------------------------- writer
@@ -387,19 +370,13 @@ class IcebergChangesCommitter:
 
         keys = list(self.config.key_columns)
         target = table.schema().as_arrow()
-        changes = last_changes(staged, keys)
-        truncate = pc.fill_null(pc.equal(changes[OP], "t"), False)
-        live = changes.filter(pc.invert(truncate))
-        truncated = changes.filter(truncate)
-        for partition, last in _max_offsets(truncated).items():  # a truncate removes what came before it
-            before = pc.and_(pc.equal(live[PARTITION], partition), pc.less(live[OFFSET], last))
-            live = live.filter(pc.invert(pc.fill_null(before, False)))
+        live, truncates = applicable(staged, keys)
         upserts = live.filter(pc.not_equal(live[OP], "d"))
         changed = live.select(keys)
         tasks = list(table.scan().plan_files())
         deleted: list[DataFile] = []
         kept: list[pa.Table] = []
-        if truncated.num_rows:
+        if truncates:
             deleted = [task.file for task in tasks]
         elif changed.num_rows:
             for task in tasks:
@@ -414,7 +391,7 @@ class IcebergChangesCommitter:
         summary = {
             SUMMARY_UPSERTED_KEYS: str(upserts.num_rows),
             SUMMARY_DELETED_KEYS: str(live.num_rows - upserts.num_rows),
-            SUMMARY_TRUNCATED: str(bool(truncated.num_rows)).lower(),
+            SUMMARY_TRUNCATED: str(truncates).lower(),
         }
         return _Plan(deleted, rows, summary)
 
@@ -460,15 +437,6 @@ def _fit(arrow: pa.Table, schema: pa.Schema) -> pa.Table:
         for f in schema
     ]
     return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _max_offsets(truncates: pa.Table) -> dict[int, int]:
-    found: dict[int, int] = {}
-    for partition, offset in zip(
-        truncates[PARTITION].to_pylist(), truncates[OFFSET].to_pylist(), strict=True
-    ):
-        found[partition] = max(offset, found.get(partition, offset))
-    return found
 
 
 def _may_hold(data_file: DataFile, table: Table, changed: pa.Table, keys: Sequence[str]) -> bool:
