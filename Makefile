@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 LINT_PATHS := $(wildcard src tests dags plugins spark_jobs examples bench local_stack)
 
-.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults soak bench bench-delta bench-coordination bench-cdc clean
+.PHONY: help venv jars browser services services-stop spark demo airflow-ui test lint unit faults soak bench bench-delta bench-s3 bench-coordination bench-cdc clean
 
 help:
 	@echo "make demo           bring the local stack up and run the demo pipeline"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench          benchmarks -> bench/report.md (BENCH_ARGS=\"--full\" adds 10^7 records)"
 	@echo "make bench-delta    the Delta sink beside files, Iceberg and Structured Streaming's Delta sink at"
 	@echo "                    10^6 and 10^7, and its commit up to 10^7 rows -> merged into bench/report.md"
+	@echo "make bench-s3       files, Iceberg in the S3 bucket vs local disk, SS Parquet via S3A -> bench/report.md"
 	@echo "make bench-coordination  ledger + coordinator at 1,000 partitions / 512 participants, 100 pipelines"
 	@echo "make bench-cdc      10^6 Debezium changes into PostgreSQL: onceflow beside Debezium's JDBC sink"
 
@@ -152,6 +153,14 @@ bench: $(BENCH_STAMP) jars
 bench-delta: $(BENCH_STAMP) jars
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" nice -n 10 $(BIN)/python -m bench.run --steps delta --sizes 1e6,1e7 \
+	  --commit-sizes 1e4,1e5,1e6,1e7 --runs 3 --merge $(BENCH_ARGS)
+
+# Object storage alone (step s3 at 10^6 and 10^7, 3 rounds: files and Iceberg on the local disk and in the
+# stack's bucket, Structured Streaming's Parquet through S3A; the files commit in the bucket from 10^4 to
+# 10^7 rows), merged into bench/report.json and .md. The first run resolves hadoop-aws and the AWS SDK bundle.
+bench-s3: $(BENCH_STAMP) jars
+	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" nice -n 10 $(BIN)/python -m bench.run --steps s3 --sizes 1e6,1e7 \
 	  --commit-sizes 1e4,1e5,1e6,1e7 --runs 3 --merge $(BENCH_ARGS)
 
 # Coordination at scale (ledger and coordinator, no-op committers) -> its section of bench/report.md.

@@ -3,7 +3,8 @@
 One epoch of ``rows`` projected records is staged by 4 writers (one per input partition, as the engine's
 read tasks would), then the sink's committer commits all 4 committables at once, as the coordinator does.
 Only the commit is timed: it is the part of an epoch that runs after the decision, while the output of
-the epoch is still invisible.
+the epoch is still invisible. The kind ``files_s3`` is the files sink with its root in the stack's bucket
+(`bench.pipelines.s3_root`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.dataset import PARTITIONS, amount_of
-from bench.pipelines import PG_COLUMNS, TABLE_COLUMNS
+from bench.pipelines import PG_COLUMNS, SINKS, TABLE_COLUMNS, s3_root
 from onceflow.config import Settings
 from onceflow.offsets import OffsetRange
+from onceflow.pipeline import SinkSpec
 from onceflow.sinks import build_committer, build_writer
 from onceflow.sinks.base import Committable, TaskContext
 from onceflow.sinks.registry import sink_kind
 
 SINK_KINDS = ("postgres_2pc", "files", "kafka", "delta")
+# Measured on request (the s3 step): kinds whose output is in a bucket, by the sink kind they are.
+BUCKET_KINDS = ("files_s3",)
 
 
 def _rows(kind: str, task: int, count: int) -> Iterator[dict[str, Any]]:
@@ -37,16 +41,25 @@ def _rows(kind: str, task: int, count: int) -> Iterator[dict[str, Any]]:
 
 
 def _config(kind: str, name: str, workdir: Path, topic: str, settings: Settings) -> dict[str, Any]:
-    """The sink's config as `SinkKind.config_for` makes it: the deployment's defaults, then its own."""
-    if kind == "files":
-        own: dict[str, Any] = {"root": str(workdir / "files"), "table": name}
+    """The sink's config as the engine makes it (`SinkKind.config_for`: the deployment's defaults, then
+    its own, and the object store's settings for a path in a bucket)."""
+    if kind == "files_s3":
+        # A prefix of the epoch's own: the table and the staging beside it go with it (`_cleanup`).
+        own: dict[str, Any] = {"root": f"{s3_root(workdir)}/commit-{name}", "table": name}
+    elif kind == "files":
+        own = {"root": str(workdir / "files"), "table": name}
     elif kind == "kafka":
         own = {"topic": topic, "staging_root": str(workdir / "kafka-staging")}
     elif kind == "delta":
         own = {"path": str(workdir / "delta" / name), "columns": TABLE_COLUMNS}
     else:
         own = {"table": name, "columns": PG_COLUMNS}
-    return {**sink_kind(kind).defaults(settings), **own, "name": "out"}
+    return sink_kind(_sink_kind(kind)).config_for(SinkSpec("out", _sink_kind(kind), own), settings)
+
+
+def _sink_kind(kind: str) -> str:
+    """The sink kind a measured kind is (``files_s3`` is ``files``)."""
+    return SINKS[kind][1] if kind in BUCKET_KINDS else kind
 
 
 def stage(kind: str, config: dict[str, Any], pipeline: str, rows: int, topic: str) -> list[Committable]:
@@ -58,7 +71,7 @@ def stage(kind: str, config: dict[str, Any], pipeline: str, rows: int, topic: st
     per_task = rows // PARTITIONS
     committables = []
     for task in range(PARTITIONS):
-        writer = build_writer(kind, config)
+        writer = build_writer(_sink_kind(kind), config)
         inputs = (OffsetRange(topic, task, 0, per_task),)
         writer.begin(TaskContext(pipeline, 1, 0, f"s0-t{task}", "a0", "out", inputs))
         batch: list[dict[str, Any]] = []
@@ -89,14 +102,21 @@ def stage_and_commit_seconds(
     started = time.perf_counter()
     committables = stage(kind, config, f"bench-commit-{uuid.uuid4().hex[:6]}", rows, topic)
     staged = time.perf_counter()
-    build_committer(kind, config).commit(committables)
+    build_committer(_sink_kind(kind), config).commit(committables)
     committed = time.perf_counter()
-    _cleanup(kind, name, workdir, settings.pg_dsn, committables[0].pipeline)
+    _cleanup(kind, name, workdir, settings, committables[0].pipeline, config)
     return staged - started, committed - staged
 
 
-def _cleanup(kind: str, name: str, workdir: Path, dsn: str, pipeline: str) -> None:
-    if kind == "files":
+def _cleanup(
+    kind: str, name: str, workdir: Path, settings: Settings, pipeline: str, config: dict[str, Any]
+) -> None:
+    dsn = settings.pg_dsn
+    if kind == "files_s3":
+        from bench.sinks_check import delete_location
+
+        delete_location(config["root"], settings)
+    elif kind == "files":
         shutil.rmtree(workdir / "files" / name, ignore_errors=True)
     elif kind == "delta":
         shutil.rmtree(workdir / "delta" / name, ignore_errors=True)

@@ -29,7 +29,16 @@ SINKS: dict[str, tuple[Guarantee, str]] = {
     "plain": ("at_least_once", "plain"),
     "iceberg": ("exactly_once", "iceberg"),
     "delta": ("exactly_once", "delta"),
+    # The same sinks with their output in the stack's bucket (`s3_root`) instead of the scratch folder.
+    "files_s3": ("exactly_once", "files"),
+    "iceberg_s3": ("exactly_once", "iceberg"),
 }
+
+
+def s3_root(workdir: Path) -> str:
+    """The run's prefix in the stack's bucket (ONCEFLOW_S3_BUCKET): named after the run's scratch folder,
+    so that no two runs share it, and deleted with it (`bench.run`)."""
+    return f"s3://{os.environ.get('ONCEFLOW_S3_BUCKET', 'onceflow')}/{workdir.name}"
 
 
 def filter_project(frame: Any) -> Any:
@@ -56,19 +65,25 @@ def sink_spec(config: str, name: str, workdir: Path, output_topic: str | None = 
     """One sink of the given configuration; ``name`` makes its table, folder or topic unique."""
     kind = SINKS[config][1]
     table = name.replace("-", "_")
+    in_bucket = config.endswith("_s3")
     if kind == "files":
-        return SinkSpec("out", kind, {"root": str(workdir / "files"), "table": table})
+        root = f"{s3_root(workdir)}/files" if in_bucket else str(workdir / "files")
+        return SinkSpec("out", kind, {"root": root, "table": table})
     if kind == "kafka":
         assert output_topic is not None, "a Kafka sink needs its output topic"
         return SinkSpec("out", kind, {"topic": output_topic, "staging_root": str(workdir / "kafka-staging")})
     if kind == "iceberg":
         from onceflow.sinks.iceberg import default_catalog_properties
 
-        # A catalog of the run's own, in its scratch folder, named after it: a table per pipeline.
+        # A catalog of the run's own, in its scratch folder, named after it: a table per pipeline. In the
+        # bucket: the same SQLite catalog file, another catalog in it, whose warehouse is the run's prefix.
+        properties = default_catalog_properties(workdir)
+        if in_bucket:
+            properties["warehouse"] = f"{s3_root(workdir)}/iceberg"
         catalog = {
             "table": f"bench.{table}",
-            "catalog": f"bench_{workdir.name.replace('-', '_')}",
-            "catalog_properties": default_catalog_properties(workdir),
+            "catalog": f"bench_{workdir.name.replace('-', '_')}{'_s3' if in_bucket else ''}",
+            "catalog_properties": properties,
             "columns": TABLE_COLUMNS,
         }
         return SinkSpec("out", kind, catalog)

@@ -20,6 +20,10 @@ Steps:
 4e. the Delta sink (``--steps delta``): per round, in alternating order, the pipeline into Parquet files,
    into Iceberg and into Delta, and Structured Streaming's Delta sink, on the same topic; then the Delta
    commit time against epoch size (unless step 3 runs, which measures it with the other sinks);
+4f. object storage (``--steps s3``): per round, in alternating order, on the same topic, the pipeline into
+   Parquet files on the local disk and in the stack's bucket, into Iceberg with its warehouse on the
+   local disk and in the bucket, and Structured Streaming's Parquet file sink into the bucket through
+   Hadoop's S3A connector; then the files commit in the bucket against epoch size;
 5. peak memory of epochs of a fixed batch on the largest data set;
 5b. the warm runtime's memory over many distinct pipelines and epochs (``--steps runtime_memory``);
 6. the report.
@@ -427,6 +431,61 @@ class Bench:
         if commit_sizes:
             self.commit_cost(commit_sizes, kinds=("delta",))
 
+    # 4f.
+    def s3(self, sizes: tuple[int, ...], peer_sizes: tuple[int, ...], commit_sizes: tuple[int, ...]) -> None:
+        """Object storage beside the local disk on the same topic: per round, in alternating order, the
+        exactly-once pipeline into Parquet files and into Iceberg, each with its output on the local
+        disk and in the stack's bucket (every run's committed rows checked, and its visible rows read
+        back through the bucket), then at ``peer_sizes`` Structured Streaming's Parquet file sink into
+        the bucket through S3A (the rows its ``_spark_metadata`` log commits read back); ratios within
+        each round. Then the files commit in the bucket at ``commit_sizes`` (it must stay flat: the
+        commit names the objects the tasks wrote and copies none). Everything the step writes to the
+        bucket is under the run's own prefix (`bench.pipelines.s3_root`), deleted at the end."""
+        from bench.pipelines import s3_root
+        from bench.sinks_check import delete_location
+
+        if self.settings.s3 is None:
+            say("s3: no object store (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... are not set); skipped")
+            return
+        bucket = s3_root(self.workdir)
+        say(f"s3: writing under {bucket} at {redact.url(self.settings.s3.endpoint_url or 'AWS')}")
+        out: dict[str, Any] = {}
+        try:
+            for size in sizes:
+                with self._topics() as topics:
+                    data = produce(self.settings.kafka_bootstrap, size)
+                    topics.append(data.topic)
+                    say(f"data set: {size} records in {data.topic} (produced in {data.produce_s:.1f}s)")
+                    systems: dict[str, Callable[[], dict[str, Any]]] = {
+                        config: partial(self._sink_run, config, data)
+                        for config in ("files", "files_s3", "iceberg", "iceberg_s3")
+                    }
+                    if size in peer_sizes:
+                        systems["spark_structured_streaming_s3"] = partial(
+                            self._structured_streaming, data, s3=f"{bucket}/sss"
+                        )
+                    rounds = self._rounds(f"s3 {size} records", systems, report.s3_summary, alternate=True)
+                out[str(size)] = {"record_bytes": RECORD_BYTES, "rounds": rounds}
+            self.record("s3", out)
+            if commit_sizes:
+                self.bucket_commit(commit_sizes)
+        finally:
+            delete_location(bucket, self.settings)
+
+    def bucket_commit(self, sizes: tuple[int, ...]) -> None:
+        """The files commit in the stack's bucket against epoch size (`commit_cost.BUCKET_KINDS`); the
+        run's prefix in the bucket is deleted afterwards."""
+        from bench.pipelines import s3_root
+        from bench.sinks_check import delete_location
+
+        if self.settings.s3 is None:
+            say("commit in a bucket: no object store (AWS_ENDPOINT_URL, ...); skipped")
+            return
+        try:
+            self.commit_cost(sizes, kinds=commit_cost.BUCKET_KINDS)
+        finally:
+            delete_location(s3_root(self.workdir), self.settings)
+
     @contextlib.contextmanager
     def _topics(self) -> Iterator[list[str]]:
         """A list for the topics a step creates, deleted when the step is done with them (or fails)."""
@@ -472,7 +531,13 @@ class Bench:
         return self._pipeline(config, data, self.settings, BATCH_PER_PARTITION).to_dict()
 
     def _structured_streaming(
-        self, data: Dataset, avro_schema: str | None = None, *, nested: bool = False, delta: bool = False
+        self,
+        data: Dataset,
+        avro_schema: str | None = None,
+        *,
+        nested: bool = False,
+        delta: bool = False,
+        s3: str | None = None,
     ) -> dict[str, Any]:
         """One run of Structured Streaming over ``data`` (see `peers.runs.structured_streaming`)."""
         from bench.peers import runs as peer_runs
@@ -485,6 +550,7 @@ class Bench:
             avro_schema,
             nested=nested,
             delta=delta,
+            s3=s3,
         )
         return dataclasses.asdict(sss) | {"records_per_s": sss.records_per_s}
 
@@ -626,8 +692,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps",
         help="comma-separated subset of: startup,overhead,latency,follow,jobs,airflow,commit,"
-        "protocol,throughput,avro,nested,nested_avro,delta,memory,runtime_memory (default: all but "
-        "runtime_memory)",
+        "protocol,throughput,avro,nested,nested_avro,delta,s3,memory,runtime_memory (default: all but "
+        "s3 and runtime_memory)",
     )
     parser.add_argument(
         "--runtime-pipelines", type=int, default=100, help="distinct pipelines of the runtime_memory step"
@@ -697,17 +763,21 @@ def main(argv: list[str] | None = None) -> int:
         "nested": lambda: bench.nested(sizes, peer_sizes, jvm_sizes),
         "nested_avro": lambda: bench.nested_avro(sizes, peer_sizes),
         "delta": lambda: bench.delta(sizes, peer_sizes, () if "commit" in chosen else commit_sizes),
+        "s3": lambda: bench.s3(sizes, peer_sizes, commit_sizes),
         "memory": lambda: bench.memory(max(sizes)),
         "runtime_memory": lambda: bench.runtime_memory(args.runtime_pipelines, args.runtime_epochs),
     }
     if args.smoke:
         all_steps = {
             "commit": all_steps["commit"],
+            "s3_commit": lambda: bench.bucket_commit(commit_sizes),  # the s3 step's part without Spark
             "protocol": all_steps["protocol"],
             "limit": lambda: bench.limit_only(sizes),
         }
-    # runtime_memory runs only when asked for: at its default size it takes longer than all the rest.
-    chosen = args.steps.split(",") if args.steps else [s for s in all_steps if s != "runtime_memory"]
+    # runtime_memory runs only when asked for: at its default size it takes longer than all the rest; s3
+    # too (make bench-s3): its Structured Streaming row needs the AWS SDK bundle (about 600 MB) first.
+    on_request = ("s3", "runtime_memory")
+    chosen = args.steps.split(",") if args.steps else [s for s in all_steps if s not in on_request]
     unknown = sorted(set(chosen) - set(all_steps))
     if unknown:
         parser.error(f"unknown steps {unknown}; known: {', '.join(all_steps)}")

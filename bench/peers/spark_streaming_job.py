@@ -8,7 +8,12 @@ values are the nested data set's orders, read with ``from_json`` and a nested ``
 three columns. With ``--delta``, the rows go to Structured Streaming's own Delta sink instead
 (``writeStream.format("delta")`` into the table at ``--out``; the session needs delta-spark's jars and
 SQL extension): each micro-batch is one Delta commit with a ``txn`` action of the query's id and batch
-id, so a replayed batch adds nothing, Delta's exactly-once for streaming writes.
+id, so a replayed batch adds nothing, Delta's exactly-once for streaming writes. With ``--file-sink``, they
+go to Structured Streaming's own file sink (``writeStream.format("parquet")`` at ``--out``): each
+micro-batch's files are committed by an entry of the ``_spark_metadata`` log, which readers go by, so a
+replayed batch adds nothing either. An ``s3a://`` ``--out`` is written through Hadoop's S3A connector
+(its jars on the class path), configured from the AWS variables of the environment (`s3a_conf`): the
+credentials never appear on a command line.
 
 Without ``--delta``, each micro-batch overwrites ``out/batch=<id>``: a replayed batch id rewrites the
 same folder, which is how foreachBatch output is made idempotent (Spark itself gives foreachBatch
@@ -20,7 +25,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from collections.abc import Mapping
+
+
+def s3a_conf(env: Mapping[str, str]) -> dict[str, str]:
+    """The Spark settings of the S3A connector for the object store the AWS variables name: a local S3
+    server is spoken to by path (``http://host:port/bucket/key``), without TLS for an ``http://``
+    endpoint; without credentials in the variables, S3A's own provider chain finds them."""
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    conf = {"fs.s3a.endpoint.region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"}
+    if endpoint:
+        conf["fs.s3a.endpoint"] = endpoint
+        conf["fs.s3a.path.style.access"] = "true"
+        conf["fs.s3a.connection.ssl.enabled"] = "false" if endpoint.startswith("http://") else "true"
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        conf["fs.s3a.access.key"] = env["AWS_ACCESS_KEY_ID"]
+        conf["fs.s3a.secret.key"] = env["AWS_SECRET_ACCESS_KEY"]
+        if env.get("AWS_SESSION_TOKEN"):
+            conf["fs.s3a.session.token"] = env["AWS_SESSION_TOKEN"]
+    return {f"spark.hadoop.{key}": value for key, value in conf.items()}
 
 
 def main() -> None:
@@ -38,9 +63,14 @@ def main() -> None:
     parser.add_argument("--avro-schema", help="the writer's Avro schema (JSON text): values are Avro")
     parser.add_argument("--nested", action="store_true", help="the nested data set: orders with items")
     parser.add_argument("--delta", action="store_true", help="write a Delta table at --out")
+    parser.add_argument("--file-sink", action="store_true", help="Spark's Parquet file sink at --out")
     args = parser.parse_args()
 
-    spark = SparkSession.builder.appName("onceflow-bench-structured-streaming").getOrCreate()
+    builder = SparkSession.builder.appName("onceflow-bench-structured-streaming")
+    if args.out.startswith("s3a://"):
+        for key, value in s3a_conf(os.environ).items():
+            builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     schema = StructType(
         [
             StructField("id", LongType()),
@@ -96,12 +126,17 @@ def main() -> None:
     stream = rows.writeStream.option("checkpointLocation", args.checkpoint).trigger(availableNow=True)
     if args.delta:
         query = stream.format("delta").outputMode("append").start(args.out)
+    elif args.file_sink:
+        query = stream.format("parquet").outputMode("append").start(args.out)
     else:
         query = stream.foreachBatch(write).start()
     query.awaitTermination()
     elapsed = time.perf_counter() - started
     if args.delta:
         written = spark.read.format("delta").load(args.out).count()
+        batches = [p for p in query.recentProgress if p.numInputRows]
+    elif args.file_sink:
+        written = spark.read.parquet(args.out).count()  # the files the _spark_metadata log holds
         batches = [p for p in query.recentProgress if p.numInputRows]
     else:
         written = spark.read.parquet(args.out).count()

@@ -1,6 +1,7 @@
 """The benchmark harness runs end to end on the real stack and writes a well-formed report.
 
-Only the parts without Spark (commit cost, the sinks' protocol cost and the read limit, at tiny sizes):
+Only the parts without Spark (commit cost, also of the files sink in the stack's bucket, the sinks'
+protocol cost and the read limit, at tiny sizes):
 the full benchmark is `make bench`, whose figures are never asserted by tests.
 """
 
@@ -33,7 +34,8 @@ def test_smoke_run_writes_report(settings, tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "report.json").read_text())
-    assert set(results["commit_cost"]) == {"postgres_2pc", "files", "kafka", "delta"}
+    in_bucket = {"files_s3"} if settings.s3 is not None else set()  # the files sink in the stack's bucket
+    assert set(results["commit_cost"]) == {"postgres_2pc", "files", "kafka", "delta", *in_bucket}
     assert results["throughput"]["2000"][0]["limit"]["records_per_s"] > 0
     assert set(results["sink_protocol"]["1000"][0]) == {"plain_s", "postgres_2pc_s"}
     report = (tmp_path / "report.md").read_text()
