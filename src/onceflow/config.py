@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeAlias, cast
 
@@ -79,12 +79,7 @@ class Settings:
     s3: S3Settings | None = None
 
     def __repr__(self) -> str:
-        shown = (
-            f"{f.name}={redact.url(value) if f.metadata.get('secret') and value is not None else value!r}"
-            for f in fields(self)
-            for value in [getattr(self, f.name)]
-        )
-        return f"Settings({', '.join(shown)})"
+        return redact.dataclass_repr(self, redact.url)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -137,3 +137,16 @@ def scrubbed() -> Iterator[None]:
         if clean is exc:
             raise
         raise clean from None
+
+
+def dataclass_repr(obj: Any, secret: Callable[[Any], str] = lambda _: MASK) -> str:
+    """``Name(field=value, ...)`` of a dataclass instance, with each field whose metadata says
+    ``{"secret": True}`` shown through ``secret`` (by default as ``***``) when it holds a value."""
+    from dataclasses import fields
+
+    shown = (
+        f"{f.name}={secret(value) if f.metadata.get('secret') and value is not None else value!r}"
+        for f in fields(obj)
+        for value in [getattr(obj, f.name)]
+    )
+    return f"{type(obj).__name__}({', '.join(shown)})"

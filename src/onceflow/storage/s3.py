@@ -71,12 +71,7 @@ class S3Settings:
     session_token: str | None = field(default=None, metadata=_SECRET)
 
     def __repr__(self) -> str:
-        shown = (
-            f"{f.name}={redact.MASK if f.metadata.get('secret') and value else value!r}"
-            for f in fields(self)
-            for value in [getattr(self, f.name)]
-        )
-        return f"S3Settings({', '.join(shown)})"
+        return redact.dataclass_repr(self)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> S3Settings | None:
