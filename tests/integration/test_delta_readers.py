@@ -29,7 +29,6 @@ from deltalake import DeltaTable, write_deltalake
 
 from onceflow.config import Settings
 from onceflow.engine.runner import run_until
-from onceflow.ledger import Ledger
 from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.sinks.base import Committable, TaskContext
 from onceflow.sinks.delta import DeltaCommitter, DeltaWriter
@@ -39,6 +38,7 @@ from onceflow.sinks.delta.history import (
     version_as_of_epoch,
     version_of_epoch,
 )
+from tests.integration.pipeline_helpers import committed_epochs
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +156,7 @@ def _expected(record: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.slow  # about 80 s: two runs of the pipeline, two readers at each epoch
 def test_both_readers_see_each_epoch_as_committed(
-    settings: Settings, make_topic: Any, tmp_path: Path, spark: Any
+    settings: Settings, make_topic: Any, tmp_path: Path, spark: Any, run_settings: Settings
 ) -> None:
     global PIPELINE
     topic = make_topic("delta-readers", partitions=2)
@@ -170,23 +170,13 @@ def test_both_readers_see_each_epoch_as_committed(
         max_records_per_partition=12,
         max_records_per_task=8,
     )
-    run_settings = Settings.from_env(
-        {
-            **os.environ,
-            "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp_path}/ledger.db",
-            "ONCEFLOW_HOME": str(tmp_path),
-        }
-    )
-    with Ledger.connect(run_settings.ledger_url, check=False) as ledger:
-        ledger.upgrade()
     path = f"{__name__}:PIPELINE"
     placed = _produce(settings.kafka_bootstrap, topic, range(60))
     run_until(path, run_settings, until_caught_up=True, executor="local")
     placed |= _produce(settings.kafka_bootstrap, topic, range(60, 100))
     run_until(path, run_settings, until_caught_up=True, executor="connect")
 
-    with Ledger.connect(run_settings.ledger_url) as ledger:
-        epochs = [e for e in ledger.epochs(name) if e.status.value == "COMMITTED"]
+    epochs = committed_epochs(run_settings, name)
     wrote = [e.number for e in epochs if any(not r.is_empty for r in e.ranges)]
     assert len(wrote) >= 5, wrote  # 5 epochs at least: 60 then 40 records, 12 per partition each
 

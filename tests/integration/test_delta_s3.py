@@ -12,47 +12,32 @@ boto3, so what a test says is left in the bucket is what the S3 server holds.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Producer
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from onceflow.config import Settings
-from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
-from onceflow.sinks.base import Committable, TaskContext
+from onceflow.pipeline import Pipeline, SinkSpec
+from onceflow.sinks.base import Committable
 from onceflow.sinks.delta import DeltaCommitter, DeltaConfig, DeltaWriter
 from onceflow.sinks.delta.changes import DeltaChangesCommitter, DeltaChangesWriter
 from onceflow.sinks.delta.history import version_of_epoch
 from onceflow.sinks.errors import AlreadyCommitted
 from onceflow.storage.s3 import S3Settings
-from tests.integration.test_iceberg_s3 import BUCKET, bucket_fs, empty_prefix, objects
+from tests.integration.delta_helpers import live_files
+from tests.integration.pipeline_helpers import epochs_that_read, produce_views, views_pipeline
+from tests.integration.s3_helpers import bucket_fs, objects
+from tests.integration.sink_helpers import order_rows, orders_config, stage_tasks, sweep_dead_attempt
 
 pytestmark = pytest.mark.integration
 
 PIPELINE: Pipeline | None = None  # set by the pipeline test; `run_until` loads it as this module's attribute
-
-
-@pytest.fixture(scope="module")
-def s3(settings: Settings) -> S3Settings:
-    if settings.s3 is None or settings.s3.endpoint_url is None:
-        pytest.fail("AWS_ENDPOINT_URL not set: export the stack's settings (its S3 server)", pytrace=False)
-    return settings.s3
-
-
-@pytest.fixture
-def prefix(s3: S3Settings, request: pytest.FixtureRequest) -> Any:
-    """A prefix of the bucket of this test's own, emptied afterwards."""
-    url = f"s3://{BUCKET}/{request.node.name[:40]}-{uuid.uuid4().hex[:10]}"
-    yield url
-    empty_prefix(s3, url)
 
 
 @pytest.fixture
@@ -61,14 +46,8 @@ def options(s3: S3Settings) -> dict[str, str]:
 
 
 @pytest.fixture
-def config(prefix: str, s3: S3Settings) -> dict[str, Any]:
-    return {
-        "path": f"{prefix}/lake/orders",
-        "columns": {"id": "long", "region": "string", "qty": "long"},
-        "partition_by": {"region": "identity"},
-        "name": "lake",
-        "s3": s3.to_config(),
-    }
+def config(bucket_prefix: str, s3: S3Settings) -> dict[str, Any]:
+    return orders_config(path=f"{bucket_prefix}/lake/orders", s3=s3.to_config())
 
 
 @pytest.fixture
@@ -76,25 +55,14 @@ def pipeline() -> str:
     return f"dl-s3-{uuid.uuid4().hex[:10]}"
 
 
-def _rows(n: int, start: int = 0) -> list[dict[str, Any]]:
-    return [{"id": i, "region": "eu" if i % 3 else "us", "qty": i * 10} for i in range(start, start + n)]
-
-
 def _stage(
     config: dict[str, Any], pipeline: str, epoch: int, tasks: list[list[dict[str, Any]]]
 ) -> list[Committable]:
     """Each task's writer begun and pre-committed; odd tasks stage Arrow batches (a Spark task's path),
     the first task one file per two rows."""
-    staged = []
-    for n, rows in enumerate(tasks):
-        writer = DeltaWriter({**config, "rows_per_file": 2} if n == 0 else config)
-        writer.begin(TaskContext(pipeline, epoch, 0, f"s0-t{n}", "a0", "lake"))
-        if n % 2:
-            writer.write_batch(pa.RecordBatch.from_pylist(rows))
-        else:
-            writer.write(rows)
-        staged.append(writer.pre_commit())
-    return staged
+    return stage_tasks(
+        lambda n: DeltaWriter({**config, "rows_per_file": 2} if n == 0 else config), pipeline, epoch, tasks
+    )
 
 
 def by_delta_rs(path: str, options: dict[str, str], version: int | None = None) -> pa.Table:
@@ -124,18 +92,9 @@ def by_log_replay(path: str, version: int | None = None) -> pa.Table:
     """The table at ``version``: the log's add and remove actions replayed here, each live add action's
     file read from the bucket with pyarrow, its partition values added as the action gives them."""
     fs = bucket_fs()
-    live: dict[str, dict[str, Any]] = {}
-    schema: dict[str, Any] = {}
-    for _, action in log_actions(path, version):
-        if "metaData" in action:
-            schema = json.loads(action["metaData"]["schemaString"])
-        if "add" in action:
-            live[action["add"]["path"]] = action["add"]
-        if "remove" in action:
-            live.pop(action["remove"]["path"], None)
-    names = [f["name"] for f in schema["fields"]]
+    names, live = live_files(action for _, action in log_actions(path, version))
     parts = []
-    for add in live.values():
+    for add in live:
         data = pq.read_table(f"{path.removeprefix('s3://')}/{add['path']}", filesystem=fs)
         for column, value in add["partitionValues"].items():
             data = data.append_column(column, pa.array([value] * data.num_rows, pa.string()))
@@ -156,7 +115,7 @@ def test_epochs_commit_once_in_one_version_each_in_a_bucket(
 ) -> None:
     path = config["path"]
     committer = DeltaCommitter(config)
-    staged = _stage(config, pipeline, 1, [_rows(5), _rows(4, 5)])
+    staged = _stage(config, pipeline, 1, [order_rows(5), order_rows(4, 5)])
     assert len(staged[0].handle["files"]) >= 3  # two rows a file, one region a file
     assert {c.task for c in committer.orphans(pipeline)} == {"s0-t0", "s0-t1"}
     created = DeltaTable(path, storage_options=options).version()  # the writers made the table, empty
@@ -173,7 +132,7 @@ def test_epochs_commit_once_in_one_version_each_in_a_bucket(
     DeltaCommitter(config).commit(staged)  # another committer of the same epoch: nothing either
     assert DeltaTable(path, storage_options=options).version() == created + 1
 
-    committer.commit(_stage(config, pipeline, 2, [_rows(3, 100), _rows(2, 200)]))
+    committer.commit(_stage(config, pipeline, 2, [order_rows(3, 100), order_rows(2, 200)]))
     assert DeltaTable(path, storage_options=options).version() == created + 2
     # Every version is the table as of its epoch, through both readers; the log maps epochs to them.
     assert _both(path, options, created) == []
@@ -192,8 +151,8 @@ def test_another_writer_between_stage_and_commit_is_kept(
 ) -> None:
     path = config["path"]
     committer = DeltaCommitter(config)
-    committer.commit(_stage(config, pipeline, 1, [_rows(3)]))
-    staged = _stage(config, pipeline, 2, [_rows(3, 10), _rows(2, 20)])
+    committer.commit(_stage(config, pipeline, 1, [order_rows(3)]))
+    staged = _stage(config, pipeline, 2, [order_rows(3, 10), order_rows(2, 20)])
     other = pa.table(
         {"id": pa.array([900, 901], pa.int64()), "region": ["eu", "us"], "qty": pa.array([1, 2], pa.int64())}
     )
@@ -214,8 +173,8 @@ def test_commits_that_race_for_one_version_each_land_once(
     put-if-absent, so one of them wins it and the others find it taken, re-read the log and go after
     it (the append) or find their epoch there (the second committer)."""
     path = config["path"]
-    DeltaCommitter(config).commit(_stage(config, pipeline, 1, [_rows(3)]))
-    staged = _stage(config, pipeline, 2, [_rows(3, 10), _rows(2, 20)])
+    DeltaCommitter(config).commit(_stage(config, pipeline, 1, [order_rows(3)]))
+    staged = _stage(config, pipeline, 2, [order_rows(3, 10), order_rows(2, 20)])
     base = DeltaTable(path, storage_options=options).version()
     other = pa.table({"id": pa.array([900], pa.int64()), "region": ["eu"], "qty": pa.array([1], pa.int64())})
 
@@ -271,7 +230,7 @@ def test_put_if_absent_lets_exactly_one_of_racing_commits_win(
     """Without retries, writers of the same table version from the same snapshot: the S3 server's
     conditional put lets one log entry in and refuses the rest; none overwrites another's."""
     path = config["path"]
-    DeltaCommitter(config).commit(_stage(config, pipeline, 1, [_rows(1)]))
+    DeltaCommitter(config).commit(_stage(config, pipeline, 1, [order_rows(1)]))
     base = DeltaTable(path, storage_options=options).version()
     tables = [DeltaTable(path, storage_options=options) for _ in range(4)]
     outcomes: dict[int, str] = {}
@@ -306,10 +265,10 @@ def test_abort_and_the_sweeper_leave_no_staged_object(
 ) -> None:
     path = config["path"]
     committer = DeltaCommitter(config)
-    first = _stage(config, pipeline, 1, [_rows(3)])
+    first = _stage(config, pipeline, 1, [order_rows(3)])
     committer.commit(first)
     version = DeltaTable(path, storage_options=options).version()
-    staged = _stage(config, pipeline, 2, [_rows(3, 10), _rows(3, 20)])
+    staged = _stage(config, pipeline, 2, [order_rows(3, 10), order_rows(3, 20)])
     epoch_dir = f"{path}/onceflow/{pipeline}/lake/epoch=2"
     assert len(objects(s3, epoch_dir)) >= 2
     committer.abort(staged)
@@ -320,15 +279,9 @@ def test_abort_and_the_sweeper_leave_no_staged_object(
 
     # A dead attempt (marker and a file written, never pre-committed) is what the sweeper finds; its
     # abort takes every object of it.
-    writer = DeltaWriter({**config, "rows_per_file": 1})
-    writer.begin(TaskContext(pipeline, 3, 0, "s0-t0", "dead", "lake"))
-    writer.write(_rows(2, 30))
     dead_dir = f"{path}/onceflow/{pipeline}/lake/epoch=3"
-    assert objects(s3, dead_dir)
-    orphans = committer.orphans(pipeline)
-    assert [(c.epoch, c.attempt, c.handle.get("incomplete")) for c in orphans] == [(3, "dead", True)]
-    committer.abort(orphans)
-    assert committer.orphans(pipeline) == [] and objects(s3, dead_dir) == []
+    writer = DeltaWriter({**config, "rows_per_file": 1})
+    sweep_dead_attempt(committer, writer, pipeline, lambda: objects(s3, dead_dir))
     assert objects(s3, f"{path}/_onceflow") == []
 
     # A committed epoch's files are never deleted: delta-rs names them by s3:// URL.
@@ -350,10 +303,10 @@ def change(op: str, offset: int, id_: int, name: str | None = None, partition: i
 
 
 def test_changes_apply_upserts_and_deletes_once_in_a_bucket(
-    prefix: str, s3: S3Settings, options: dict[str, str], pipeline: str
+    bucket_prefix: str, s3: S3Settings, options: dict[str, str], pipeline: str
 ) -> None:
     config: dict[str, Any] = {
-        "path": f"{prefix}/lake/mirror",
+        "path": f"{bucket_prefix}/lake/mirror",
         "columns": {"id": "long", "name": "string"},
         "key_columns": ["id"],
         "name": "lake",
@@ -361,16 +314,7 @@ def test_changes_apply_upserts_and_deletes_once_in_a_bucket(
     }
 
     def stage(epoch: int, tasks: list[list[dict[str, Any]]]) -> list[Committable]:
-        staged = []
-        for n, rows in enumerate(tasks):
-            writer = DeltaChangesWriter(config)
-            writer.begin(TaskContext(pipeline, epoch, 0, f"s0-t{n}", "a0", "lake"))
-            if n % 2:
-                writer.write_batch(pa.RecordBatch.from_pylist(rows))
-            else:
-                writer.write(rows)
-            staged.append(writer.pre_commit())
-        return staged
+        return stage_tasks(lambda _: DeltaChangesWriter(config), pipeline, epoch, tasks)
 
     def table_rows(version: int | None = None) -> list[tuple[int, str]]:
         read = by_delta_rs(config["path"], options, version)
@@ -407,50 +351,30 @@ def test_changes_apply_upserts_and_deletes_once_in_a_bucket(
 
 
 def test_a_pipeline_on_the_spark_runtime_writes_its_table_into_the_bucket(
-    settings: Settings, s3: S3Settings, options: dict[str, str], make_topic: Any, prefix: str, tmp_path: Path
+    settings: Settings,
+    s3: S3Settings,
+    options: dict[str, str],
+    make_topic: Any,
+    bucket_prefix: str,
+    run_settings: Settings,
 ) -> None:
     from onceflow.engine.runner import run_until
-    from onceflow.ledger import Ledger
 
     global PIPELINE
     topic = make_topic("delta-s3", partitions=2)
     name = f"delta_s3_{uuid.uuid4().hex[:8]}"
-    path = f"{prefix}/lake/views"
-    PIPELINE = Pipeline(
-        name=name,
-        source=KafkaSource(topics=(topic,)),
-        format=JsonFormat(schema={"id": "int", "page": "string"}),
-        sinks=(SinkSpec("lake", "delta", {"path": path, "columns": {"id": "long", "page": "string"}}),),
-        max_records_per_partition=40,
-        max_records_per_task=20,
+    path = f"{bucket_prefix}/lake/views"
+    PIPELINE = views_pipeline(
+        name, topic, SinkSpec("lake", "delta", {"path": path, "columns": {"id": "long", "page": "string"}})
     )
-    run_settings = Settings.from_env(
-        {
-            **os.environ,
-            "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp_path}/ledger.db",
-            "ONCEFLOW_HOME": str(tmp_path),
-        }
-    )
-    with Ledger.connect(run_settings.ledger_url, check=False) as ledger:
-        ledger.upgrade()
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
-    for i in range(120):
-        producer.produce(
-            topic, key=str(i), value=json.dumps({"id": i, "page": f"/p{i % 5}"}), partition=i % 2
-        )
-    producer.flush()
+    produce_views(settings.kafka_bootstrap, topic, range(120))
 
     run_until(f"{__name__}:PIPELINE", run_settings, until_caught_up=True, executor="connect")
 
     table = DeltaTable(path, storage_options=options)
     assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == list(range(120))
     assert sorted(by_log_replay(path).column("id").to_pylist()) == list(range(120))
-    with Ledger.connect(run_settings.ledger_url) as ledger:
-        read = [
-            e.number
-            for e in ledger.epochs(name)
-            if e.status.value == "COMMITTED" and any(not r.is_empty for r in e.ranges)
-        ]
+    read = [e.number for e in epochs_that_read(run_settings, name)]
     assert len(read) >= 2 and table.version() == len(read)  # version 0 made the table
     assert table.transaction_version(f"{name}:lake") == read[-1]
     assert [k for k in objects(s3, path) if "/_onceflow/" in k] == []

@@ -18,35 +18,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
 from onceflow.committables import TaskContext
 from onceflow.config import Settings
 from onceflow.engine.local_slice import run_slice_local
 from onceflow.engine.runner import run_until
 from onceflow.ledger import Ledger
-from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.pipeline import Pipeline, SinkSpec
 from onceflow.protocol.coordinator import Coordinator
 from onceflow.sinks import iceberg
 from onceflow.sinks.iceberg import IcebergCommitter, IcebergConfig, IcebergWriter
 from tests.faults.invariants import iceberg_leftovers
+from tests.integration.pipeline_helpers import (
+    epochs_that_read,
+    produce_views,
+    settings_with_own_ledger,
+    views_pipeline,
+)
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE: Pipeline | None = None  # set by the test; `run_until` loads it as this module's attribute
 RECORDS = 240
-
-
-def _pipeline(name: str, topic: str, sink_config: dict[str, Any]) -> Pipeline:
-    return Pipeline(
-        name=name,
-        source=KafkaSource(topics=(topic,)),
-        format=JsonFormat(schema={"id": "int", "page": "string"}),
-        sinks=(SinkSpec("lake", "iceberg", sink_config),),
-        max_records_per_partition=50,
-        max_records_per_task=20,
-    )
 
 
 def spark_sql(properties: dict[str, str], *queries: str) -> list[list[dict[str, Any]]]:
@@ -89,23 +83,11 @@ def test_two_outside_engines_read_each_record_once(
         "partition_by": {"_partition": "identity"},
     }
     name = f"ice_{uuid.uuid4().hex[:8]}"
-    PIPELINE = _pipeline(name, topic, sink_config)
-    run_settings = Settings.from_env(
-        {
-            **os.environ,
-            "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp_path}/ledger.db",
-            "ONCEFLOW_HOME": str(tmp_path / "home"),
-        }
+    PIPELINE = views_pipeline(
+        name, topic, SinkSpec("lake", "iceberg", sink_config), max_records_per_partition=50
     )
-    with Ledger.connect(run_settings.ledger_url, check=False) as ledger:
-        ledger.upgrade()
-
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
-    for i in range(RECORDS):
-        producer.produce(
-            topic, key=str(i), value=json.dumps({"id": i, "page": f"/p{i % 7}"}), partition=i % 2
-        )
-    producer.flush()
+    run_settings = settings_with_own_ledger(tmp_path, home=tmp_path / "home")
+    produce_views(settings.kafka_bootstrap, topic, range(RECORDS), pages=7)
 
     path = f"{__name__}:PIPELINE"
     run_until(path, run_settings, until_caught_up=False, executor="local")  # epoch 1 commits
@@ -132,12 +114,7 @@ def test_two_outside_engines_read_each_record_once(
     assert table is not None
     scanned = table.scan().to_arrow()
     assert sorted(scanned.column("id").to_pylist()) == list(range(RECORDS))
-    with Ledger.connect(run_settings.ledger_url) as ledger:
-        committed = [
-            e.number
-            for e in ledger.epochs(name)
-            if e.status.value == "COMMITTED" and any(not r.is_empty for r in e.ranges)
-        ]
+    committed = [e.number for e in epochs_that_read(run_settings, name)]
     summaries = [s.summary for s in table.snapshots()]
     assert [int(s[iceberg.SUMMARY_EPOCH]) for s in summaries] == committed
     assert {s[iceberg.SUMMARY_PIPELINE] for s in summaries} == {name}

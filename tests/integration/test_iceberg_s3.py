@@ -11,83 +11,28 @@ so what a test says is left in the bucket is what the S3 server holds.
 from __future__ import annotations
 
 import json
-import os
 import uuid
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Producer
 
 from onceflow import redact
-from onceflow.committables import TaskContext
 from onceflow.config import Settings
 from onceflow.errors import ConfigError
-from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.pipeline import Pipeline, SinkSpec
 from onceflow.sinks import iceberg
 from onceflow.sinks.errors import AlreadyCommitted
 from onceflow.sinks.iceberg import IcebergCommitter, IcebergConfig, IcebergWriter
 from onceflow.sinks.iceberg.changes import IcebergChangesCommitter, IcebergChangesWriter
 from onceflow.storage.s3 import S3Settings
+from tests.integration.pipeline_helpers import epochs_that_read, produce_views, views_pipeline
+from tests.integration.s3_helpers import BUCKET, bucket_fs, objects
+from tests.integration.sink_helpers import order_rows, orders_config, stage_tasks, sweep_dead_attempt
 
 pytestmark = pytest.mark.integration
 
-BUCKET = os.environ.get("ONCEFLOW_S3_BUCKET", "onceflow")
 PIPELINE: Pipeline | None = None  # set by the pipeline test; `run_until` loads it as this module's attribute
-
-
-@pytest.fixture(scope="module")
-def s3(settings: Settings) -> S3Settings:
-    if settings.s3 is None or settings.s3.endpoint_url is None:
-        pytest.fail("AWS_ENDPOINT_URL not set: export the stack's settings (its S3 server)", pytrace=False)
-    return settings.s3
-
-
-def bucket_fs() -> Any:
-    """pyarrow's S3 file system, made from the AWS variables here (not through onceflow's settings)."""
-    from pyarrow import fs as pafs
-
-    scheme, _, endpoint = os.environ["AWS_ENDPOINT_URL"].partition("://")
-    return pafs.S3FileSystem(
-        endpoint_override=endpoint,
-        scheme=scheme,
-        region=os.environ.get("AWS_REGION", "us-east-1"),
-        access_key=os.environ["AWS_ACCESS_KEY_ID"],
-        secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
-    )
-
-
-def all_keys(s3: S3Settings, url: str) -> list[str]:
-    """Every object key under an s3:// URL, as the S3 server lists it."""
-    bucket, _, key = url.removeprefix("s3://").partition("/")
-    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key.rstrip("/") + "/")
-    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
-
-
-def objects(s3: S3Settings, url: str) -> list[str]:
-    """The keys of the objects under an s3:// URL. Keys ending in ``/`` are left out: they are the
-    empty folder placeholders that pyarrow's S3 file system writes for the parent of a deleted object,
-    and hold nothing."""
-    return [k for k in all_keys(s3, url) if not k.endswith("/")]
-
-
-def empty_prefix(s3: S3Settings, url: str) -> None:
-    """Delete everything under ``url``: objects first, then folder placeholders, deepest first (a
-    POSIX-backed server refuses to delete a folder that still holds something)."""
-    bucket = url.removeprefix("s3://").partition("/")[0]
-    client = s3.client()
-    for key in sorted(all_keys(s3, url), key=lambda k: (k.endswith("/"), -k.count("/"))):
-        client.delete_object(Bucket=bucket, Key=key)
-
-
-@pytest.fixture
-def prefix(s3: S3Settings, request: pytest.FixtureRequest) -> Any:
-    """A prefix of the bucket of this test's own, emptied afterwards."""
-    url = f"s3://{BUCKET}/{request.node.name[:40]}-{uuid.uuid4().hex[:10]}"
-    yield url
-    empty_prefix(s3, url)
 
 
 def catalog_properties(pg_dsn: str, warehouse: str) -> dict[str, str]:
@@ -99,16 +44,13 @@ def catalog_properties(pg_dsn: str, warehouse: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def config(pg_database: str, prefix: str, s3: S3Settings) -> dict[str, Any]:
-    return {
-        "table": "lake.events",
-        "catalog": "onceflow",
-        "catalog_properties": catalog_properties(pg_database, f"{prefix}/warehouse"),
-        "columns": {"id": "long", "region": "string", "qty": "long"},
-        "partition_by": {"region": "identity"},
-        "name": "lake",
-        "s3": s3.to_config(),
-    }
+def config(pg_database: str, bucket_prefix: str, s3: S3Settings) -> dict[str, Any]:
+    return orders_config(
+        table="lake.events",
+        catalog="onceflow",
+        catalog_properties=catalog_properties(pg_database, f"{bucket_prefix}/warehouse"),
+        s3=s3.to_config(),
+    )
 
 
 @pytest.fixture
@@ -116,23 +58,12 @@ def pipeline() -> str:
     return f"ice-s3-{uuid.uuid4().hex[:10]}"
 
 
-def _rows(n: int, start: int = 0) -> list[dict[str, Any]]:
-    return [{"id": i, "region": "eu" if i % 3 else "us", "qty": i * 10} for i in range(start, start + n)]
-
-
 def _stage(config: dict[str, Any], pipeline: str, epoch: int, tasks: list[list[dict[str, Any]]]) -> list[Any]:
     """Each task's writer begun and pre-committed; odd tasks stage Arrow batches (a Spark task's path),
     the first task one file per two rows."""
-    staged = []
-    for n, rows in enumerate(tasks):
-        writer = IcebergWriter({**config, "rows_per_file": 2} if n == 0 else config)
-        writer.begin(TaskContext(pipeline, epoch, 0, f"s0-t{n}", "a0", "lake"))
-        if n % 2:
-            writer.write_batch(pa.RecordBatch.from_pylist(rows))
-        else:
-            writer.write(rows)
-        staged.append(writer.pre_commit())
-    return staged
+    return stage_tasks(
+        lambda n: IcebergWriter({**config, "rows_per_file": 2} if n == 0 else config), pipeline, epoch, tasks
+    )
 
 
 def fresh_table(config: dict[str, Any], s3: S3Settings) -> Any:
@@ -170,12 +101,12 @@ def _both(table: Any, snapshot_id: int) -> list[int]:
 
 
 def test_epochs_commit_once_in_one_snapshot_each_in_a_bucket(
-    config: dict[str, Any], pipeline: str, prefix: str, s3: S3Settings
+    config: dict[str, Any], pipeline: str, bucket_prefix: str, s3: S3Settings
 ) -> None:
     committer = IcebergCommitter(config)
-    staged = _stage(config, pipeline, 1, [_rows(5), _rows(4, 5)])
+    staged = _stage(config, pipeline, 1, [order_rows(5), order_rows(4, 5)])
     assert len(staged[0].handle["files"]) >= 3  # two rows a file, one region a file
-    assert all(f["path"].startswith(f"{prefix}/warehouse/") for c in staged for f in c.handle["files"])
+    assert all(f["path"].startswith(f"{bucket_prefix}/warehouse/") for c in staged for f in c.handle["files"])
     assert {c.task for c in committer.orphans(pipeline)} == {"s0-t0", "s0-t1"}
     assert fresh_table(config, s3).current_snapshot() is None  # staged objects are in no snapshot
 
@@ -191,7 +122,7 @@ def test_epochs_commit_once_in_one_snapshot_each_in_a_bucket(
     IcebergCommitter(config).commit(staged)  # another committer, its own catalog: nothing either
     assert len(fresh_table(config, s3).snapshots()) == 1
 
-    second_epoch = _stage(config, pipeline, 2, [_rows(3, 100), _rows(2, 200)])
+    second_epoch = _stage(config, pipeline, 2, [order_rows(3, 100), order_rows(2, 200)])
     committer.commit(second_epoch)
     committer.commit(second_epoch)
     table = fresh_table(config, s3)
@@ -201,18 +132,18 @@ def test_epochs_commit_once_in_one_snapshot_each_in_a_bucket(
     assert _both(table, snapshots[1].snapshot_id) == [*range(9), 100, 101, 102, 200, 201]
     assert table.properties[iceberg.committed_property(pipeline, "lake")] == "2"
     # The table's metadata and data are objects of the bucket, under the warehouse.
-    keys = objects(s3, f"{prefix}/warehouse")
+    keys = objects(s3, f"{bucket_prefix}/warehouse")
     assert any(k.endswith(".metadata.json") for k in keys) and any(k.endswith(".parquet") for k in keys)
     assert [k for k in keys if f"/{iceberg.files.MARKERS}/" in k] == []
 
 
 def test_abort_and_the_sweeper_leave_no_staged_object(
-    config: dict[str, Any], pipeline: str, prefix: str, s3: S3Settings
+    config: dict[str, Any], pipeline: str, bucket_prefix: str, s3: S3Settings
 ) -> None:
     committer = IcebergCommitter(config)
-    first = _stage(config, pipeline, 1, [_rows(3)])
+    first = _stage(config, pipeline, 1, [order_rows(3)])
     committer.commit(first)
-    staged = _stage(config, pipeline, 2, [_rows(3, 10), _rows(3, 20)])
+    staged = _stage(config, pipeline, 2, [order_rows(3, 10), order_rows(3, 20)])
     table = fresh_table(config, s3)
     epoch_dir = iceberg.files.epoch_data_dir(iceberg._data_path(table), pipeline, "lake", 2)
     assert len(objects(s3, epoch_dir)) >= 2
@@ -223,15 +154,9 @@ def test_abort_and_the_sweeper_leave_no_staged_object(
 
     # A dead attempt (its marker written, a data file written, never pre-committed) is what the sweeper
     # finds; its abort takes every object of it.
-    writer = IcebergWriter({**config, "rows_per_file": 1})
-    writer.begin(TaskContext(pipeline, 3, 0, "s0-t0", "dead", "lake"))
-    writer.write(_rows(2, 30))
     dead_dir = iceberg.files.epoch_data_dir(iceberg._data_path(table), pipeline, "lake", 3)
-    assert objects(s3, dead_dir)
-    orphans = committer.orphans(pipeline)
-    assert [(c.epoch, c.attempt, c.handle.get("incomplete")) for c in orphans] == [(3, "dead", True)]
-    committer.abort(orphans)
-    assert committer.orphans(pipeline) == [] and objects(s3, dead_dir) == []
+    writer = IcebergWriter({**config, "rows_per_file": 1})
+    sweep_dead_attempt(committer, writer, pipeline, lambda: objects(s3, dead_dir))
     assert objects(s3, f"{table.location()}/{iceberg.files.MARKERS}") == []
 
     # A committed epoch's files are never deleted.
@@ -260,19 +185,13 @@ def test_the_bucket_settings_never_show_in_config_or_errors(config: dict[str, An
 
 
 def test_changes_apply_in_one_snapshot_per_epoch_in_a_bucket(
-    config: dict[str, Any], pipeline: str, prefix: str, s3: S3Settings
+    config: dict[str, Any], pipeline: str, bucket_prefix: str, s3: S3Settings
 ) -> None:
     changes = {**config, "columns": {"id": "long", "name": "string"}, "key_columns": ["id"]}
     changes.pop("partition_by")
 
     def stage(epoch: int, tasks: list[list[dict[str, Any]]]) -> list[Any]:
-        staged = []
-        for n, rows in enumerate(tasks):
-            writer = IcebergChangesWriter(changes)
-            writer.begin(TaskContext(pipeline, epoch, 0, f"s0-t{n}", "a0", "lake"))
-            writer.write(rows)
-            staged.append(writer.pre_commit())
-        return staged
+        return stage_tasks(lambda _: IcebergChangesWriter(changes), pipeline, epoch, tasks)
 
     def op(kind: str, offset: int, id_: int, name: str | None = None) -> dict[str, Any]:
         return {"id": id_, "name": name, "_op": kind, "_partition": 0, "_offset": offset}
@@ -295,54 +214,32 @@ def test_changes_apply_in_one_snapshot_per_epoch_in_a_bucket(
 
 
 def test_a_pipeline_on_the_spark_runtime_writes_its_table_into_the_bucket(
-    settings: Settings, s3: S3Settings, make_topic: Any, pg_database: str, prefix: str, tmp_path: Path
+    settings: Settings,
+    s3: S3Settings,
+    make_topic: Any,
+    pg_database: str,
+    bucket_prefix: str,
+    run_settings: Settings,
 ) -> None:
     from onceflow.engine.runner import run_until
-    from onceflow.ledger import Ledger
 
     global PIPELINE
     topic = make_topic("ice-s3", partitions=2)
     name = f"ice_s3_{uuid.uuid4().hex[:8]}"
     sink_config = {
         "table": "web.views",
-        "catalog_properties": catalog_properties(pg_database, f"{prefix}/warehouse"),
+        "catalog_properties": catalog_properties(pg_database, f"{bucket_prefix}/warehouse"),
         "columns": {"id": "long", "page": "string", "_partition": "int"},
     }
-    PIPELINE = Pipeline(
-        name=name,
-        source=KafkaSource(topics=(topic,)),
-        format=JsonFormat(schema={"id": "int", "page": "string"}),
-        sinks=(SinkSpec("lake", "iceberg", sink_config),),
-        max_records_per_partition=40,
-        max_records_per_task=20,
-    )
-    run_settings = Settings.from_env(
-        {
-            **os.environ,
-            "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp_path}/ledger.db",
-            "ONCEFLOW_HOME": str(tmp_path),
-        }
-    )
+    PIPELINE = views_pipeline(name, topic, SinkSpec("lake", "iceberg", sink_config))
     assert run_settings.s3 is not None  # the AWS variables: what the sink's config gets under `s3`
-    with Ledger.connect(run_settings.ledger_url, check=False) as ledger:
-        ledger.upgrade()
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
-    for i in range(120):
-        producer.produce(
-            topic, key=str(i), value=json.dumps({"id": i, "page": f"/p{i % 5}"}), partition=i % 2
-        )
-    producer.flush()
+    produce_views(settings.kafka_bootstrap, topic, range(120))
 
     run_until(f"{__name__}:PIPELINE", run_settings, until_caught_up=True, executor="connect")
 
     table = fresh_table({**sink_config, "name": "lake"}, s3)
     assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(120))
-    with Ledger.connect(run_settings.ledger_url) as ledger:
-        committed = [
-            e.number
-            for e in ledger.epochs(name)
-            if e.status.value == "COMMITTED" and any(not r.is_empty for r in e.ranges)
-        ]
+    committed = [e.number for e in epochs_that_read(run_settings, name)]
     assert len(committed) >= 2
     snapshots = table.snapshots()
     assert [int(s.summary[iceberg.SUMMARY_EPOCH]) for s in snapshots if s.summary] == committed

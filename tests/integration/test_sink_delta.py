@@ -7,7 +7,6 @@ with pyarrow (delta-spark is not available offline), so a fault of one reader ca
 from __future__ import annotations
 
 import datetime
-import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.sinks.base import Committable, TaskContext
 from onceflow.sinks.delta import SINK_KIND, DeltaCommitter, DeltaWriter, layout
 from onceflow.sinks.errors import AlreadyCommitted, RetryLater, RowError, StagedOutputLost
+from tests.integration.delta_helpers import live_files, local_log_actions
+from tests.integration.sink_helpers import order_rows, orders_config, stage_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +34,7 @@ def pipeline() -> str:
 
 @pytest.fixture
 def config(tmp_path: Path) -> dict[str, Any]:
-    return {
-        "path": str(tmp_path / "lake" / "orders"),
-        "columns": {"id": "long", "region": "string", "qty": "long"},
-        "partition_by": {"region": "identity"},
-        "name": "lake",
-    }
+    return orders_config(path=str(tmp_path / "lake" / "orders"))
 
 
 def _stage(
@@ -46,21 +42,13 @@ def _stage(
 ) -> list[Committable]:
     """Each task's writer begun and pre-committed; odd tasks stage Arrow batches, the first one file
     per two rows."""
-    staged = []
-    for n, rows in enumerate(tasks):
-        writer = DeltaWriter({**config, "rows_per_file": 2} if n == 0 else config)
-        writer.begin(TaskContext(pipeline, epoch, 0, f"s0-t{n}", "a0", "lake"))
-        if n % 2:
-            writer.write_batch(pa.RecordBatch.from_pylist(rows))
-        else:
-            for row in rows:
-                writer.write([row])
-        staged.append(writer.pre_commit())
-    return staged
-
-
-def _rows(n: int, start: int = 0) -> list[dict[str, Any]]:
-    return [{"id": i, "region": "eu" if i % 3 else "us", "qty": i * 10} for i in range(start, start + n)]
+    return stage_tasks(
+        lambda n: DeltaWriter({**config, "rows_per_file": 2} if n == 0 else config),
+        pipeline,
+        epoch,
+        tasks,
+        row_by_row=True,
+    )
 
 
 def _ids(table: pa.Table) -> list[int]:
@@ -74,29 +62,14 @@ def by_delta_rs(path: str, version: int | None = None) -> pa.Table:
 def by_log_replay(path: str, version: int | None = None) -> pa.Table:
     """The table at ``version`` from the log's JSON commits read here (add and remove actions, partition
     values), each live file read with pyarrow: no delta-rs code on the way."""
-    log = Path(path) / "_delta_log"
-    commits = sorted(log.glob("*.json"))
-    assert not list(log.glob("*.checkpoint*.parquet")), "this reader replays JSON commits only"
-    live: dict[str, dict[str, Any]] = {}
-    schema: dict[str, Any] = {}
-    for commit in commits:
-        if version is not None and int(commit.stem) > version:
-            break
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            if "metaData" in action:
-                schema = json.loads(action["metaData"]["schemaString"])
-            if "add" in action:
-                live[action["add"]["path"]] = action["add"]
-            if "remove" in action:
-                live.pop(action["remove"]["path"], None)
+    names, live = live_files(local_log_actions(path, version))
     parts = []
-    for add in live.values():
+    for add in live:
         data = pq.read_table(Path(path) / add["path"])
         for column, value in add["partitionValues"].items():
             data = data.append_column(column, pa.array([value] * data.num_rows, pa.string()))
-        parts.append(data.select([f["name"] for f in schema["fields"]]))
-    return pa.concat_tables(parts) if parts else pa.table({f["name"]: [] for f in schema["fields"]})
+        parts.append(data.select(names))
+    return pa.concat_tables(parts) if parts else pa.table({n: [] for n in names})
 
 
 def _both(path: str, version: int | None = None) -> list[int]:
@@ -111,7 +84,7 @@ def _both(path: str, version: int | None = None) -> list[int]:
 def test_epochs_commit_once_in_one_version_each(config: dict[str, Any], pipeline: str) -> None:
     path = config["path"]
     committer = DeltaCommitter(config)
-    staged = _stage(config, pipeline, 1, [_rows(5), _rows(4, 5), _rows(3, 9)])
+    staged = _stage(config, pipeline, 1, [order_rows(5), order_rows(4, 5), order_rows(3, 9)])
     assert len(staged[0].handle["files"]) >= 3  # at most two rows a file, one region a file
     assert {c.task for c in committer.orphans(pipeline)} == {"s0-t0", "s0-t1", "s0-t2"}
     created = DeltaTable(path).version()  # the writers created the table, empty
@@ -130,10 +103,10 @@ def test_epochs_commit_once_in_one_version_each(config: dict[str, Any], pipeline
 
     # A config that does not name the partitioning still writes the table's: one region a file.
     unnamed = {k: v for k, v in config.items() if k != "partition_by"}
-    committer.commit(_stage(unnamed, pipeline, 2, [_rows(3, 99), []]))
+    committer.commit(_stage(unnamed, pipeline, 2, [order_rows(3, 99), []]))
     adds = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()
     assert {a["partition.region"] for a in adds if "/epoch=2/" in a["path"]} == {"eu", "us"}
-    committer.commit(_stage(config, pipeline, 3, [_rows(1, 200)]))
+    committer.commit(_stage(config, pipeline, 3, [order_rows(1, 200)]))
     assert DeltaTable(path).version() == created + 3
     # Time travel to an epoch's version gives that epoch's table, through both readers.
     assert _both(path, created + 1) == list(range(12))
@@ -149,8 +122,8 @@ def test_epochs_commit_once_in_one_version_each(config: dict[str, Any], pipeline
 def test_a_foreign_append_between_stage_and_commit_is_kept(config: dict[str, Any], pipeline: str) -> None:
     path = config["path"]
     committer = DeltaCommitter(config)
-    committer.commit(_stage(config, pipeline, 1, [_rows(3)]))
-    staged = _stage(config, pipeline, 2, [_rows(3, 10), _rows(2, 20)])
+    committer.commit(_stage(config, pipeline, 1, [order_rows(3)]))
+    staged = _stage(config, pipeline, 2, [order_rows(3, 10), order_rows(2, 20)])
     stale = DeltaCommitter(config)
     other = pa.table(
         {"id": pa.array([900, 901], pa.int64()), "region": ["eu", "us"], "qty": pa.array([1, 2], pa.int64())}
@@ -172,7 +145,7 @@ def test_a_conflict_that_cannot_be_resolved_is_one_line(config: dict[str, Any], 
     the failure says so in one line, with nothing of the epoch in the table."""
     path = config["path"]
     committer = DeltaCommitter({**config, "commit_retries": 1})
-    staged = _stage(config, pipeline, 1, [_rows(2)])
+    staged = _stage(config, pipeline, 1, [order_rows(2)])
     stale = DeltaTable(path)
     version = stale.version()
     grown = pa.table(
@@ -191,9 +164,9 @@ def test_a_conflict_that_cannot_be_resolved_is_one_line(config: dict[str, Any], 
 def test_abort_and_the_sweeper_leave_no_staged_file(config: dict[str, Any], pipeline: str) -> None:
     path = config["path"]
     committer = DeltaCommitter(config)
-    committer.commit(_stage(config, pipeline, 1, [_rows(2)]))
+    committer.commit(_stage(config, pipeline, 1, [order_rows(2)]))
     version = DeltaTable(path).version()
-    staged = _stage(config, pipeline, 2, [_rows(3, 10), _rows(3, 20)])
+    staged = _stage(config, pipeline, 2, [order_rows(3, 10), order_rows(3, 20)])
     store = layout.Store.for_location(path)
     root = f"{path}/onceflow/{pipeline}/lake/epoch=2"
     assert store.files_under(root)
@@ -206,7 +179,7 @@ def test_abort_and_the_sweeper_leave_no_staged_file(config: dict[str, Any], pipe
     # A crashed attempt (marker only, files half written) is found by the sweeper and removed.
     writer = DeltaWriter(config)
     writer.begin(TaskContext(pipeline, 3, 0, "s0-t0", "a1", "lake"))
-    writer.write(_rows(1, 30))
+    writer.write(order_rows(1, 30))
     orphans = committer.orphans(pipeline)
     assert [(c.epoch, c.handle.get("incomplete")) for c in orphans] == [(3, True)]
     committer.abort(orphans)
@@ -220,12 +193,12 @@ def test_a_committed_epoch_is_never_aborted_and_lost_files_are_named(
 ) -> None:
     path = config["path"]
     committer = DeltaCommitter(config)
-    staged = _stage(config, pipeline, 1, [_rows(2)])
+    staged = _stage(config, pipeline, 1, [order_rows(2)])
     committer.commit(staged)
     with pytest.raises(AlreadyCommitted):
         committer.abort(staged)
     assert _both(path) == [0, 1]
-    lost = _stage(config, pipeline, 2, [_rows(1, 5)])
+    lost = _stage(config, pipeline, 2, [order_rows(1, 5)])
     (Path(path) / lost[0].handle["files"][0]["path"]).unlink()
     with pytest.raises(StagedOutputLost, match="epoch 2 is not in the table"):
         committer.commit(lost)
@@ -349,7 +322,7 @@ def test_the_commit_adds_the_staged_files_as_they_are(config: dict[str, Any], pi
     for n in range(2):
         writer = DeltaWriter(config)
         writer.begin(TaskContext(pipeline, 1, 0, f"s0-t{n}", "a0", "lake"))
-        writer.write_batch(pa.RecordBatch.from_pylist(_rows(5000, 5000 * n)))
+        writer.write_batch(pa.RecordBatch.from_pylist(order_rows(5000, 5000 * n)))
         staged.append(writer.pre_commit())
     root = Path(config["path"])
     files = {f["path"]: f for c in staged for f in c.handle["files"]}

@@ -23,6 +23,8 @@ from onceflow.sinks.base import Committable, TaskContext
 from onceflow.sinks.delta import DeltaCommitter, DeltaWriter, layout
 from onceflow.sinks.delta.changes import SINK_KIND, DeltaChangesCommitter, DeltaChangesWriter
 from onceflow.sinks.errors import RowError
+from tests.integration.delta_helpers import live_files, local_log_actions
+from tests.integration.sink_helpers import stage_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -70,38 +72,23 @@ def _stage(
 ) -> list[Committable]:
     """Each task's writer begun and pre-committed; odd tasks stage Arrow batches, the first one file per
     two rows."""
-    committables = []
-    for n, rows in enumerate(tasks):
-        writer = DeltaChangesWriter({**config, "rows_per_file": 2} if n == 0 else config)
-        writer.begin(TaskContext(pipeline, epoch, 0, f"s0-t{n}", attempt, "lake"))
-        if n % 2:
-            writer.write_batch(pa.RecordBatch.from_pylist(rows))
-        else:
-            for row in rows:
-                writer.write([row])
-        committables.append(writer.pre_commit())
-    return committables
+    return stage_tasks(
+        lambda n: DeltaChangesWriter({**config, "rows_per_file": 2} if n == 0 else config),
+        pipeline,
+        epoch,
+        tasks,
+        attempt=attempt,
+        row_by_row=True,
+    )
 
 
 def by_log_replay(path: str) -> pa.Table:
     """The table from the log's JSON commits read here (add and remove actions, partition values), each
     live file read with pyarrow: no delta-rs code on the way. (The merge's files keep strings as Arrow
     string views, the staged ones as strings: both are Parquet's UTF-8 strings, read here as strings.)"""
-    live: dict[str, dict[str, Any]] = {}
-    fields: list[str] = []
-    log = Path(path) / "_delta_log"
-    assert not list(log.glob("*.checkpoint*.parquet")), "this reader replays JSON commits only"
-    for commit in sorted(log.glob("*.json")):
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            if "metaData" in action:
-                fields = [f["name"] for f in json.loads(action["metaData"]["schemaString"])["fields"]]
-            if "add" in action:
-                live[action["add"]["path"]] = action["add"]
-            if "remove" in action:
-                live.pop(action["remove"]["path"], None)
+    fields, live = live_files(local_log_actions(path))
     rows: list[dict[str, Any]] = []
-    for add in live.values():
+    for add in live:
         for row in pq.read_table(Path(path) / add["path"]).to_pylist():
             rows.append({f: add["partitionValues"].get(f, row.get(f)) for f in fields})
     return pa.Table.from_pylist(rows) if rows else pa.table({f: [] for f in fields})

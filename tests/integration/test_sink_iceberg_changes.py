@@ -9,15 +9,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from onceflow.errors import ConfigError
 from onceflow.pipeline import Debezium, JsonFormat, KafkaSource, Pipeline, SinkSpec
 from onceflow.protocol.planning import run_plan_checks
-from onceflow.sinks.base import Committable, TaskContext
+from onceflow.sinks.base import Committable
 from onceflow.sinks.iceberg import files
 from onceflow.sinks.iceberg.changes import SINK_KIND, IcebergChangesCommitter, IcebergChangesWriter
+from tests.integration.sink_helpers import stage_tasks
 from tests.integration.test_iceberg_pipeline import spark_sql
 
 pytestmark = pytest.mark.integration
@@ -55,17 +55,13 @@ def _stage(
 ) -> list[Committable]:
     """Each task's writer begun and pre-committed; odd tasks stage Arrow batches, the first one file per
     two rows."""
-    committables = []
-    for n, rows in enumerate(tasks):
-        writer = IcebergChangesWriter({**config, "rows_per_file": 2} if n == 0 else config)
-        writer.begin(TaskContext(pipeline, epoch, 0, f"s0-t{n}", "a0", "lake"))
-        if n % 2:
-            writer.write_batch(pa.RecordBatch.from_pylist(rows))
-        else:
-            for row in rows:
-                writer.write([row])
-        committables.append(writer.pre_commit())
-    return committables
+    return stage_tasks(
+        lambda n: IcebergChangesWriter({**config, "rows_per_file": 2} if n == 0 else config),
+        pipeline,
+        epoch,
+        tasks,
+        row_by_row=True,
+    )
 
 
 def _table(config: dict[str, Any]) -> Any:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,23 +16,20 @@ import pytest
 from onceflow.config import Settings
 from onceflow.sinks.base import Committable
 from onceflow.sinks.kafka import KafkaCommitter
-from tests.integration.kafka_sink_helpers import group_offsets, published, stage_epoch
+from tests.integration.kafka_sink_helpers import (
+    group_offsets,
+    published,
+    sink_setup,
+    stage_and_fail_to_publish,
+    stage_epoch,
+)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def setup(settings: Settings, make_topic: Callable[..., str], tmp_path: Path) -> dict[str, Any]:
-    return {
-        "pipeline": f"pk-{uuid.uuid4().hex[:10]}",
-        "input": make_topic("sink-in", partitions=2),
-        "config": {
-            "topic": make_topic("sink-out", partitions=3),
-            "staging_root": str(tmp_path),
-            "bootstrap": settings.kafka_bootstrap,
-        },
-        "bootstrap": settings.kafka_bootstrap,
-    }
+    return sink_setup(settings, make_topic, staging_root=str(tmp_path))
 
 
 def test_commit_twice_publishes_once_in_order_and_commits_the_group_offsets(setup: dict[str, Any]) -> None:
@@ -59,16 +55,7 @@ def test_commit_twice_publishes_once_in_order_and_commits_the_group_offsets(setu
 
 
 def test_a_failed_publish_is_never_visible_and_a_retry_publishes_once(setup: dict[str, Any]) -> None:
-    committables = stage_epoch(setup)
-
-    def fail(step: str) -> None:
-        if step == "kafka.offsets_sent":
-            raise RuntimeError("injected failure before commit_transaction")
-
-    with pytest.raises(RuntimeError, match="injected"):
-        KafkaCommitter(setup["config"], crash_hook=fail).commit(committables)
-    assert published(setup) == []
-    assert len(published(setup, "read_uncommitted")) == 9 + 2  # slice 0 reached the log, aborted
+    committables = stage_and_fail_to_publish(setup)
     assert group_offsets(setup)[(setup["input"], 0)] == -1
     KafkaCommitter(setup["config"]).commit(committables)
     assert len(published(setup)) == 16

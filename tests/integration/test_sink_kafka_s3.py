@@ -9,28 +9,30 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
 from onceflow.config import Settings
 from onceflow.engine.runner import run_until
-from onceflow.ledger import Ledger
-from onceflow.pipeline import JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.pipeline import Pipeline, SinkSpec
 from onceflow.sinks.base import Committable
 from onceflow.sinks.errors import SinkError
 from onceflow.sinks.kafka import RECORDS, KafkaCommitter
 from onceflow.sinks.staging import MANIFEST, STAGING
-from onceflow.storage.s3 import split
+from onceflow.storage.s3 import S3Settings, split
 from tests.integration.kafka_sink_helpers import (
     group_offsets,
     published,
     read_topic,
+    sink_setup,
+    stage_and_fail_to_publish,
     stage_epoch,
     staged_values,
 )
+from tests.integration.pipeline_helpers import committed_epochs, produce_views, views_pipeline
+from tests.integration.s3_helpers import all_keys
 
 pytestmark = pytest.mark.integration
 
@@ -38,40 +40,24 @@ PIPELINE: Pipeline | None = None  # set by the pipeline test; `run_until` loads 
 
 
 @pytest.fixture
-def bucket_root(settings: Settings) -> str:
-    """A prefix of the stack's bucket of this test's own."""
-    if settings.s3 is None:
-        pytest.fail("no AWS_* settings: export the stack's env file (it names the S3 server)", pytrace=False)
-    return f"s3://{os.environ.get('ONCEFLOW_S3_BUCKET', 'onceflow')}/kafka-staging-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def setup(settings: Settings, make_topic: Callable[..., str], bucket_root: str) -> dict[str, Any]:
-    assert settings.s3 is not None
+def setup(
+    settings: Settings, s3: S3Settings, make_topic: Callable[..., str], bucket_prefix: str
+) -> dict[str, Any]:
     return {
-        "pipeline": f"pk-{uuid.uuid4().hex[:10]}",
-        "input": make_topic("sink-in", partitions=2),
-        "config": {
-            "topic": make_topic("sink-out", partitions=3),
-            "staging_root": bucket_root,
-            "bootstrap": settings.kafka_bootstrap,
-            "s3": settings.s3.to_config(),
-        },
-        "bootstrap": settings.kafka_bootstrap,
-        "settings": settings,
+        **sink_setup(settings, make_topic, staging_root=bucket_prefix, s3=s3.to_config()),
+        "s3": s3,
     }
 
 
-def objects(settings: Settings, url: str) -> list[str]:
-    """Every object key under ``url``, as the S3 server lists them (folder markers included)."""
-    assert settings.s3 is not None
-    bucket, prefix = split(url)
-    pages = settings.s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
-    return sorted(o["Key"].removeprefix(prefix + "/") for page in pages for o in page.get("Contents", []))
+def keys_under(s3: S3Settings, url: str) -> list[str]:
+    """Every object key under ``url`` relative to it, as the S3 server lists them (folder markers
+    included)."""
+    prefix = split(url)[1]
+    return [k.removeprefix(prefix + "/") for k in all_keys(s3, url)]
 
 
 def staged_objects(setup: dict[str, Any]) -> list[str]:
-    return objects(setup["settings"], f"{setup['config']['staging_root']}/{STAGING}/{setup['pipeline']}")
+    return keys_under(setup["s3"], f"{setup['config']['staging_root']}/{STAGING}/{setup['pipeline']}")
 
 
 def in_order(published_values: list[bytes], staged: list[bytes]) -> bool:
@@ -103,16 +89,7 @@ def test_records_staged_in_a_bucket_are_published_once_in_order(setup: dict[str,
 
 
 def test_a_failed_publish_is_never_visible_and_retries_publish_nothing_twice(setup: dict[str, Any]) -> None:
-    committables = stage_epoch(setup)
-
-    def fail(step: str) -> None:
-        if step == "kafka.offsets_sent":
-            raise RuntimeError("injected failure before commit_transaction")
-
-    with pytest.raises(RuntimeError, match="injected"):
-        KafkaCommitter(setup["config"], crash_hook=fail).commit(committables)
-    assert published(setup) == []
-    assert len(published(setup, "read_uncommitted")) == 9 + 2  # slice 0 reached the log, aborted
+    committables = stage_and_fail_to_publish(setup)
     assert len(staged_objects(setup)) == 6  # nothing is deleted before its slice is published
     KafkaCommitter(setup["config"]).commit(committables)
     KafkaCommitter(setup["config"]).commit(committables)
@@ -182,50 +159,19 @@ def test_the_sweeper_finds_an_attempt_killed_before_its_manifest_and_abort_delet
     assert published(setup, "read_uncommitted") == []
 
 
-def _produce(bootstrap: str, topic: str, ids: range) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for i in ids:
-        producer.produce(
-            topic, key=str(i), value=json.dumps({"id": i, "page": f"/p{i % 5}"}), partition=i % 2
-        )
-    producer.flush()
-
-
-@pytest.fixture
-def run_settings(tmp_path: Any) -> Iterator[Settings]:
-    settings = Settings.from_env(
-        {
-            **os.environ,
-            "ONCEFLOW_LEDGER_URL": f"sqlite:///{tmp_path}/ledger.db",
-            "ONCEFLOW_HOME": str(tmp_path),
-        }
-    )
-    with Ledger.connect(settings.ledger_url, check=False) as ledger:
-        ledger.upgrade()
-    yield settings
-
-
 def test_a_pipeline_on_the_spark_runtime_publishes_each_record_once_through_a_bucket(
-    settings: Settings, make_topic: Callable[..., str], bucket_root: str, run_settings: Settings
+    settings: Settings,
+    s3: S3Settings,
+    make_topic: Callable[..., str],
+    bucket_prefix: str,
+    run_settings: Settings,
 ) -> None:
     global PIPELINE
     topic, out = make_topic("kafka-s3-in", partitions=2), make_topic("kafka-s3-out", partitions=2)
     name = f"kafka_s3_{uuid.uuid4().hex[:8]}"
-    PIPELINE = Pipeline(
-        name=name,
-        source=KafkaSource(topics=(topic,)),
-        format=JsonFormat(schema={"id": "int", "page": "string"}),
-        sinks=(
-            SinkSpec(
-                "events",
-                "kafka",
-                {"topic": out, "staging_root": bucket_root, "value_format": "json", "key_column": "id"},
-            ),
-        ),
-        max_records_per_partition=40,
-        max_records_per_task=20,
-    )
-    _produce(settings.kafka_bootstrap, topic, range(120))
+    sink = {"topic": out, "staging_root": bucket_prefix, "value_format": "json", "key_column": "id"}
+    PIPELINE = views_pipeline(name, topic, SinkSpec("events", "kafka", sink))
+    produce_views(settings.kafka_bootstrap, topic, range(120))
     run_until(f"{__name__}:PIPELINE", run_settings, until_caught_up=True, executor="connect")
 
     records = read_topic(settings.kafka_bootstrap, out, 2, "read_committed")
@@ -235,8 +181,7 @@ def test_a_pipeline_on_the_spark_runtime_publishes_each_record_once_through_a_bu
         for source in range(2):
             ids = [row["id"] for p, row in rows if p == partition and row["id"] % 2 == source]
             assert ids == sorted(ids), (partition, source, ids)
-    with Ledger.connect(run_settings.ledger_url) as ledger:
-        epochs = [e for e in ledger.epochs(name) if e.status.value == "COMMITTED"]
+    epochs = committed_epochs(run_settings, name)
     assert sum(r.span for e in epochs for r in e.ranges) == 120
     assert len([e for e in epochs if any(not r.is_empty for r in e.ranges)]) >= 2  # several epochs
-    assert objects(settings, f"{bucket_root}/{STAGING}/{name}") == []  # every staged object published
+    assert keys_under(s3, f"{bucket_prefix}/{STAGING}/{name}") == []  # every staged object published

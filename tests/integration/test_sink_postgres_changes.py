@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-import pyarrow as pa
 import pytest
 
-from onceflow.sinks.base import Committable, TaskContext
+from onceflow.sinks.base import Committable
 from onceflow.sinks.postgres_2pc import GID_PREFIX
 from onceflow.sinks.postgres_changes import PostgresChangesCommitter, PostgresChangesWriter
+from tests.integration.sink_helpers import write_task
 
 pytestmark = pytest.mark.integration
 
@@ -50,15 +50,10 @@ def _stage(
     config: dict[str, Any], pipeline: str, epoch: int, tasks: list[list[dict[str, Any]]]
 ) -> list[Committable]:
     """Every task's writer begun and prepared before any commits: they hold their transactions at once."""
-    writers = []
-    for n, rows in enumerate(tasks):
-        writer = PostgresChangesWriter(config)
-        writer.begin(TaskContext(pipeline, epoch, 0, f"s0-t{n}", "a0", "db"))
-        if n % 2:
-            writer.write_batch(pa.RecordBatch.from_pylist(rows))
-        else:
-            writer.write(rows)
-        writers.append(writer)
+    writers = [
+        write_task(PostgresChangesWriter(config), pipeline, epoch, n, rows, sink="db")
+        for n, rows in enumerate(tasks)
+    ]
     return [w.pre_commit() for w in writers]
 
 

@@ -20,6 +20,12 @@ from onceflow.ledger import EpochStatus
 from onceflow.pipeline import Debezium, JsonFormat, KafkaSource, Pipeline, SinkSpec
 from tests.cdc import ChangeReader, register_postgres_connector, require_connect
 from tests.cdc import source_table as cdc_source_table
+from tests.integration.engine.cdc_helpers import (
+    SECOND_EPOCH_EVENTS,
+    change_in_second_epoch,
+    delete_topic,
+    table_rows,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODULE = "tests.integration.engine.test_cdc_delta_mirror"
@@ -62,12 +68,6 @@ def source_table(stack, settings) -> Iterator[str]:  # type: ignore[no-untyped-d
         yield table
 
 
-def _source_rows(dsn: str, table: str) -> dict[int, dict[str, Any]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(f"SELECT id, name, qty, price, updated_at FROM {table}").fetchall()
-    return {r[0]: dict(zip(SCHEMA, r, strict=True)) for r in rows}
-
-
 def _delta_rows(epochs: int) -> dict[int, dict[str, Any]]:
     """The Delta mirror as delta-rs reads it, checked to hold one commit per epoch, in order."""
     from deltalake import DeltaTable
@@ -95,7 +95,7 @@ def test_debezium_changes_mirror_the_source_table_into_delta(  # type: ignore[no
     def epoch(number: int) -> dict[int, dict[str, Any]]:
         result = run_epoch(f"{MODULE}:PIPELINE", Settings.from_env())
         assert result.epoch.status == EpochStatus.COMMITTED and result.epoch.number == number
-        source = _source_rows(settings.pg_dsn, source_table)
+        source = table_rows(settings.pg_dsn, source_table)
         assert _delta_rows(epochs=number) == source
         return source
 
@@ -104,17 +104,8 @@ def test_debezium_changes_mirror_the_source_table_into_delta(  # type: ignore[no
         reader.read(2, timeout_s=120)  # the snapshot's two rows
         assert sorted(epoch(1)) == [1, 2]
 
-        with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-            conn.execute(f"INSERT INTO {source_table} (id, name, qty, price) VALUES (3, 'eve', 7, 0.99)")
-            for qty in (4, 5, 6, 7):  # key 1 changes in several read tasks of the epoch
-                conn.execute(
-                    f"UPDATE {source_table} SET qty = {qty}, price = 10.25, updated_at = now() WHERE id = 1"
-                )
-            conn.execute(f"DELETE FROM {source_table} WHERE id = 2")
-            with conn.transaction():
-                conn.execute(f"INSERT INTO {source_table} (id, name, qty) VALUES (4, 'kim', NULL)")
-                conn.execute(f"UPDATE {source_table} SET name = 'kim k', price = 1234567.89 WHERE id = 4")
-        reader.read(9, timeout_s=120)  # insert, 4 updates, delete and its tombstone, the transaction's two
+        change_in_second_epoch(settings.pg_dsn, source_table)
+        reader.read(SECOND_EPOCH_EVENTS, timeout_s=120)
         source = epoch(2)
         assert sorted(source) == [1, 3, 4] and source[1]["qty"] == 7
 
@@ -137,7 +128,4 @@ def test_debezium_changes_mirror_the_source_table_into_delta(  # type: ignore[no
     finally:
         reader.close()
         connector.delete()
-        existing = set(kafka_admin.list_topics(timeout=10).topics)
-        if topic in existing:
-            for future in kafka_admin.delete_topics([topic]).values():
-                future.result(timeout=30)
+        delete_topic(kafka_admin, topic)

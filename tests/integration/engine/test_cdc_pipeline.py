@@ -25,6 +25,12 @@ from onceflow.pipeline import AvroFormat, Debezium, JsonFormat, KafkaSource, Pip
 from onceflow.sinks.files import read_committed_table
 from tests.cdc import ChangeReader, register_postgres_connector, require_connect
 from tests.cdc import source_table as cdc_source_table
+from tests.integration.engine.cdc_helpers import (
+    SECOND_EPOCH_EVENTS,
+    change_in_second_epoch,
+    delete_topic,
+    table_rows,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODULE = "tests.integration.engine.test_cdc_pipeline"
@@ -94,12 +100,6 @@ def source_table(stack, settings) -> Iterator[str]:  # type: ignore[no-untyped-d
         yield table
 
 
-def _table_rows(dsn: str, table: str) -> dict[int, dict[str, Any]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(f"SELECT id, name, qty, price, updated_at FROM {table}").fetchall()
-    return {r[0]: dict(zip(("id", "name", "qty", "price", "updated_at"), r, strict=True)) for r in rows}
-
-
 def _replayed(root: str) -> dict[int, dict[str, Any]]:
     """The change log applied in source order: the last change of a key wins, a delete removes it."""
     log = sorted(read_committed_table(root, "log").to_pylist(), key=lambda r: (r["_partition"], r["_offset"]))
@@ -154,30 +154,21 @@ def test_debezium_changes_become_a_change_log_that_replays_to_the_source_table( 
         reader.read(2, timeout_s=120)  # the snapshot's two rows
         first = run_epoch(f"{MODULE}:PIPELINE", Settings.from_env())
         assert first.epoch.status == EpochStatus.COMMITTED
-        assert _replayed(stack["ONCEFLOW_TEST_FILES"]) == _table_rows(settings.pg_dsn, source_table)
-        assert _table_rows(settings.pg_dsn, mirror) == _table_rows(settings.pg_dsn, source_table)
+        assert _replayed(stack["ONCEFLOW_TEST_FILES"]) == table_rows(settings.pg_dsn, source_table)
+        assert table_rows(settings.pg_dsn, mirror) == table_rows(settings.pg_dsn, source_table)
         if serialization in ICEBERG_MIRRORED:
-            assert _iceberg_rows(epochs=1) == _table_rows(settings.pg_dsn, source_table)
+            assert _iceberg_rows(epochs=1) == table_rows(settings.pg_dsn, source_table)
 
-        with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-            conn.execute(f"INSERT INTO {source_table} (id, name, qty, price) VALUES (3, 'eve', 7, 0.99)")
-            for qty in (4, 5, 6, 7):  # key 1 changes in several read tasks of the epoch
-                conn.execute(
-                    f"UPDATE {source_table} SET qty = {qty}, price = 10.25, updated_at = now() WHERE id = 1"
-                )
-            conn.execute(f"DELETE FROM {source_table} WHERE id = 2")
-            with conn.transaction():
-                conn.execute(f"INSERT INTO {source_table} (id, name, qty) VALUES (4, 'kim', NULL)")
-                conn.execute(f"UPDATE {source_table} SET name = 'kim k', price = 1234567.89 WHERE id = 4")
-        reader.read(9, timeout_s=120)  # insert, 4 updates, delete and its tombstone, the transaction's two
+        change_in_second_epoch(settings.pg_dsn, source_table)
+        reader.read(SECOND_EPOCH_EVENTS, timeout_s=120)
         second = run_epoch(f"{MODULE}:PIPELINE", Settings.from_env())
         assert second.epoch.status == EpochStatus.COMMITTED
         replayed = _replayed(stack["ONCEFLOW_TEST_FILES"])
-        source = _table_rows(settings.pg_dsn, source_table)
+        source = table_rows(settings.pg_dsn, source_table)
         assert replayed == source and sorted(replayed) == [1, 3, 4]
         assert replayed[4]["price"] == Decimal("1234567.89") and replayed[1]["price"] == Decimal("10.25")
         assert isinstance(replayed[1]["updated_at"], dt.datetime)
-        assert _table_rows(settings.pg_dsn, mirror) == source
+        assert table_rows(settings.pg_dsn, mirror) == source
         if serialization in ICEBERG_MIRRORED:
             assert _iceberg_rows(epochs=2) == source
         ops = [r["_op"] for r in read_committed_table(stack["ONCEFLOW_TEST_FILES"], "log").to_pylist()]
@@ -187,7 +178,4 @@ def test_debezium_changes_become_a_change_log_that_replays_to_the_source_table( 
         connector.delete()
         with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {mirror}_onceflow_changes")
-        existing = set(kafka_admin.list_topics(timeout=10).topics)
-        if topic in existing:
-            for future in kafka_admin.delete_topics([topic]).values():
-                future.result(timeout=30)
+        delete_topic(kafka_admin, topic)
