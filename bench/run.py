@@ -6,9 +6,12 @@ Steps:
 2b. the latency of an epoch of 1,000 records, plan to commit, on the warm Spark runtime and through
    spark-submit, side by side, and what the warm runtime holds in memory while idle;
 3. commit time against epoch size for each two-phase sink (no Spark);
-4. per data-set size, ``--runs`` rounds of: the plain consumer's read rate (the limit), onceflow
-   exactly-once to Parquet files, exactly-once to PostgreSQL (2PC), at-least-once to PostgreSQL (plain),
-   Spark Structured Streaming and quix-streams; every ratio is taken within a round, then the median;
+4. per data-set size, ``--runs`` rounds of: what the machine can do with the records (`bench.limit`: one
+   Python consumer's read rate, Kafka's JVM consumer's, Arrow's native decode and Parquet write, and
+   the machine's limit, those two together), onceflow exactly-once to Parquet files, exactly-once to
+   PostgreSQL (2PC), at-least-once to PostgreSQL (plain), Spark Structured Streaming and quix-streams;
+   every ratio is taken within a round, then the median (``--steps limit``: the machine's figures
+   alone, no Spark);
 4b. Avro beside JSON (``--steps avro``): the same records as Avro in the registry wire format, per round
    the files pipeline on the JSON and on the Avro topic, Structured Streaming with from_json and with
    from_avro;
@@ -64,7 +67,7 @@ from bench.dataset import (
 )
 from bench.epochs import PipelineRun, run_to_end, runtime_pids
 from bench.ledgers import postgres_ledger, sqlite_ledger
-from bench.limit import read_all
+from bench.limit import measure as machine_figures
 from bench.pipelines import NESTED_TRANSFORM, bench_pipeline
 from onceflow import redact
 from onceflow.config import Settings
@@ -269,8 +272,7 @@ class Bench:
             try:
                 for n in range(self.runs):
                     entry: dict[str, Any] = {"load_before": load_average(), "runtime": self.runtime}
-                    limit = read_all(self.settings.kafka_bootstrap, data)
-                    entry["limit"] = {"records_per_s": limit.records_per_s, "mb_per_s": limit.mb_per_s}
+                    entry |= machine_figures(self.settings.kafka_bootstrap, data, self.workdir)
                     for config in PIPELINE_CONFIGS:
                         if config != "files" and size not in pg_sizes:
                             continue
@@ -555,15 +557,22 @@ class Bench:
         return dataclasses.asdict(sss) | {"records_per_s": sss.records_per_s}
 
     def limit_only(self, sizes: tuple[int, ...]) -> None:
-        """The smoke run's stand-in for step 4: the read limit only, no Spark."""
+        """Step 4 without the pipelines (the smoke run's stand-in for it, and ``--steps limit``): per size,
+        ``self.runs`` rounds of the machine's figures alone, no Spark."""
         out: dict[str, Any] = {}
         for size in sizes:
             data = produce(self.settings.kafka_bootstrap, size)
+            rounds = []
             try:
-                limit = read_all(self.settings.kafka_bootstrap, data)
+                for n in range(self.runs):
+                    entry: dict[str, Any] = {"load_before": load_average()}
+                    entry |= machine_figures(self.settings.kafka_bootstrap, data, self.workdir)
+                    entry["load_after"] = load_average()
+                    rounds.append(entry)
+                    say(f"{size} records, round {n + 1}: " + _round_summary(entry))
             finally:
                 delete_topics(self.settings.kafka_bootstrap, [data.topic])
-            out[str(size)] = [{"limit": {"records_per_s": limit.records_per_s, "mb_per_s": limit.mb_per_s}}]
+            out[str(size)] = rounds
         self.record("throughput", out)
 
     # 5b.
@@ -648,10 +657,19 @@ class Bench:
 
 
 def _round_summary(entry: dict[str, Any]) -> str:
-    parts = [f"limit {entry['limit']['records_per_s']:.0f}/s"]
-    for key in (*PIPELINE_CONFIGS, "spark_structured_streaming", "quix_streams"):
+    parts = []
+    for key in (
+        "machine_limit",
+        "jvm_consumer",
+        "native_decode_write",
+        "limit",
+        *PIPELINE_CONFIGS,
+        "spark_structured_streaming",
+        "quix_streams",
+    ):
         if key in entry:
-            parts.append(f"{key} {entry[key]['records_per_s']:.0f}/s")
+            label = {"machine_limit": "machine's limit", "limit": "one Python consumer"}.get(key, key)
+            parts.append(f"{label} {entry[key]['records_per_s']:.0f}/s")
     return ", ".join(parts)
 
 
@@ -692,8 +710,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps",
         help="comma-separated subset of: startup,overhead,latency,follow,jobs,airflow,commit,"
-        "protocol,throughput,avro,nested,nested_avro,delta,s3,memory,runtime_memory (default: all but "
-        "s3 and runtime_memory)",
+        "protocol,throughput,avro,nested,nested_avro,delta,s3,memory,runtime_memory,limit (default: all "
+        "but s3, runtime_memory and limit)",
     )
     parser.add_argument(
         "--runtime-pipelines", type=int, default=100, help="distinct pipelines of the runtime_memory step"
@@ -766,6 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         "s3": lambda: bench.s3(sizes, peer_sizes, commit_sizes),
         "memory": lambda: bench.memory(max(sizes)),
         "runtime_memory": lambda: bench.runtime_memory(args.runtime_pipelines, args.runtime_epochs),
+        "limit": lambda: bench.limit_only(sizes),
     }
     if args.smoke:
         all_steps = {
@@ -776,7 +795,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     # runtime_memory runs only when asked for: at its default size it takes longer than all the rest; s3
     # too (make bench-s3): its Structured Streaming row needs the AWS SDK bundle (about 600 MB) first.
-    on_request = ("s3", "runtime_memory")
+    # limit only on request too: the throughput step measures the same figures beside the pipelines.
+    on_request = () if args.smoke else ("s3", "runtime_memory", "limit")
     chosen = args.steps.split(",") if args.steps else [s for s in all_steps if s not in on_request]
     unknown = sorted(set(chosen) - set(all_steps))
     if unknown:

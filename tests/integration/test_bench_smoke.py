@@ -1,7 +1,7 @@
 """The benchmark harness runs end to end on the real stack and writes a well-formed report.
 
 Only the parts without Spark (commit cost, also of the files sink in the stack's bucket, the sinks'
-protocol cost and the read limit, at tiny sizes):
+protocol cost and the machine's limit beside one Python consumer, at tiny sizes):
 the full benchmark is `make bench`, whose figures are never asserted by tests.
 """
 
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench.dataset import kept
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,12 @@ def test_smoke_run_writes_report(settings, tmp_path) -> None:
     results = json.loads((tmp_path / "report.json").read_text())
     in_bucket = {"files_s3"} if settings.s3 is not None else set()  # the files sink in the stack's bucket
     assert set(results["commit_cost"]) == {"postgres_2pc", "files", "kafka", "delta", *in_bucket}
-    assert results["throughput"]["2000"][0]["limit"]["records_per_s"] > 0
+    round_ = results["throughput"]["2000"][0]
+    for figure in ("limit", "jvm_consumer", "native_decode_write", "machine_limit"):
+        assert round_[figure]["records_per_s"] > 0, figure
+    assert round_["native_decode_write"]["kept"] == kept(2_000)  # the bench's filter and no other
+    machine_s = round_["machine_limit"]["read_s"] + round_["machine_limit"]["decode_write_s"]
+    assert round_["machine_limit"]["records_per_s"] == pytest.approx(2_000 / machine_s)
     assert set(results["sink_protocol"]["1000"][0]) == {"plain_s", "postgres_2pc_s"}
     report = (tmp_path / "report.md").read_text()
     headings = (
