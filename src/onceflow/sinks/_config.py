@@ -12,7 +12,7 @@ from typing import Any
 
 from onceflow import redact
 from onceflow.errors import ConfigError
-from onceflow.storage.s3 import is_s3, split
+from onceflow.storage.s3 import S3Settings, is_s3, split
 
 
 class ConfigReader:
@@ -143,3 +143,15 @@ def deployment_default(kind: str, key: str, where: str) -> ConfigError:
         f"{kind} sink config: {key!r} is missing; set it, or build the config with "
         f"SinkKind.config_for(sink, settings), which fills it from {where}"
     )
+
+
+def take_s3(config: Mapping[str, Any], kind: str) -> tuple[dict[str, Any], S3Settings | None]:
+    """A sink config without its ``s3`` entry, and the object-store settings that entry holds (None
+    without one). onceflow adds the entry to the config of a sink that names an ``s3://`` location, as
+    it adds ``name``; it is no setting a user writes, so the config's own reader never sees it."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{kind} sink config must be a mapping, got {type(config).__name__}")
+    rest = {k: v for k, v in config.items() if k != "s3"}
+    if config.get("s3") is None:
+        return rest, None
+    return rest, S3Settings.from_config(config["s3"], f"{kind} sink {config.get('name') or '?'}")

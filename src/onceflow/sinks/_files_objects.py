@@ -10,7 +10,7 @@ whether a reader sees it. Layout under the root:
   file system: the attempt is in the name because attempts of one task write side by side, the pipeline
   and sink because the name is final, so no other writer of the table may ever write over it;
 * markers: ``_staging/{pipeline}/{sink}/epoch={n}/{task}/attempt-{attempt}.json`` (the local staging's
-  folder, `staging.STAGING`; the Iceberg sink's marker helpers): written when an attempt begins (an
+  folder, `staging.STAGING`; `_markers`): written when an attempt begins (an
   incomplete committable) and rewritten by its pre-commit (the full one); what the sweeper lists;
 * log: ``{table}/_onceflow_log/{n:020d}.json``, one entry per committed epoch (`CommitLogEntry`).
 
@@ -48,9 +48,9 @@ from onceflow.sinks._files_table import (
     log_entry_name,
     removes_for,
 )
+from onceflow.sinks._markers import list_markers, marker_uri
 from onceflow.sinks.base import Committable, TaskContext
 from onceflow.sinks.errors import AlreadyCommitted, StagedOutputCorrupt, StagedOutputLost
-from onceflow.sinks.iceberg.files import list_markers, marker_uri
 from onceflow.sinks.staging import STAGING
 from onceflow.storage.s3 import ObjectExists, S3Settings, delete_objects, join
 from onceflow.storage.store import Store
@@ -67,7 +67,7 @@ def data_name(c: TaskContext | Committable) -> str:
 
 def marker_of(root: str, c: TaskContext | Committable) -> str:
     """An attempt's marker: ``{root}/_staging/{pipeline}/{sink}/epoch={n}/{task}/attempt-{attempt}.json``."""
-    return marker_uri(root, c, folder=STAGING)
+    return marker_uri(root, STAGING, c)
 
 
 def log_uri(table_uri: str, epoch: int) -> str:
@@ -309,4 +309,4 @@ class ObjectFilesCommitter:
     def orphans(self, pipeline: str) -> list[Committable]:
         """Every attempt of the pipeline with a marker (of this sink, when it is named)."""
         with _said("listing", f"{self.config.root}/{STAGING}/{pipeline}"):
-            return list_markers(self._store, self.config.root, pipeline, self.config.name, folder=STAGING)
+            return list_markers(self._store, self.config.root, STAGING, pipeline, self.config.name)

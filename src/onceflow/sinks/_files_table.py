@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.errors import ConfigError
 from onceflow.names import check_name
 from onceflow.sinks._arrow import declared_type
-from onceflow.sinks._config import ConfigReader
+from onceflow.sinks._config import ConfigReader, take_s3
 from onceflow.sinks.base import Committable
 from onceflow.sinks.errors import ConflictingAttempt
 from onceflow.sinks.staging import safe_relative
@@ -53,8 +53,6 @@ class FilesConfig:
     def from_mapping(cls, config: Mapping[str, Any]) -> FilesConfig:
         s3: S3Settings | None = None
         if isinstance(config, Mapping) and "s3" in config:
-            from onceflow.sinks.iceberg.files import take_s3
-
             config, s3 = take_s3(config, KIND)
         reader = ConfigReader(KIND, config)
         in_bucket = is_s3(config.get("root"))

@@ -23,8 +23,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from onceflow.committables import Committable, TaskContext
-from onceflow.errors import ConfigError
 from onceflow.names import check_name
+from onceflow.sinks import _markers as markers
+from onceflow.sinks._config import take_s3
 from onceflow.storage.s3 import S3Settings
 from onceflow.storage.store import Store, make_durable
 
@@ -36,18 +37,6 @@ if TYPE_CHECKING:
 
 MARKERS = "onceflow-staging"
 DATA = "onceflow"
-
-
-def take_s3(config: Mapping[str, Any], kind: str) -> tuple[dict[str, Any], S3Settings | None]:
-    """A sink config without its ``s3`` entry, and the object-store settings that entry holds (None
-    without one). onceflow adds the entry to the config of a sink that names an ``s3://`` location, as
-    it adds ``name``; it is no setting a user writes, so the config's own reader never sees it."""
-    if not isinstance(config, Mapping):
-        raise ConfigError(f"{kind} sink config must be a mapping, got {type(config).__name__}")
-    rest = {k: v for k, v in config.items() if k != "s3"}
-    if config.get("s3") is None:
-        return rest, None
-    return rest, S3Settings.from_config(config["s3"], f"{kind} sink {config.get('name') or '?'}")
 
 
 def data_root(data_path: str, pipeline: str, sink: str) -> str:
@@ -64,54 +53,16 @@ def attempt_data_dir(data_path: str, c: TaskContext | Committable) -> str:
     return f"{epoch_data_dir(data_path, c.pipeline, c.sink, c.epoch)}/{c.task}/attempt-{c.attempt}"
 
 
-def marker_root(location: str, pipeline: str, sink: str, folder: str = MARKERS) -> str:
-    return f"{location.rstrip('/')}/{folder}/{check_name('pipeline', pipeline)}/{check_name('sink', sink)}"
+def marker_root(location: str, pipeline: str, sink: str) -> str:
+    return markers.marker_root(location, MARKERS, pipeline, sink)
 
 
-def marker_uri(location: str, c: TaskContext | Committable, folder: str = MARKERS) -> str:
-    """The marker of an attempt, in ``folder`` under ``location`` (another sink may name its own)."""
-    check_name("task", c.task)
-    check_name("attempt", c.attempt)
-    root = marker_root(location, c.pipeline, c.sink, folder)
-    return f"{root}/epoch={c.epoch}/{c.task}/attempt-{c.attempt}.json"
+def marker_uri(location: str, c: TaskContext | Committable) -> str:
+    return markers.marker_uri(location, MARKERS, c)
 
 
-def list_markers(
-    store: Store, location: str, pipeline: str, sink: str | None, folder: str = MARKERS
-) -> list[Committable]:
-    """Every attempt of the pipeline (of one sink if given) that has a marker: its committable, or an
-    incomplete one rebuilt from the path (a marker cut short by a crash)."""
-    found: list[Committable] = []
-    root = f"{location.rstrip('/')}/{folder}/{check_name('pipeline', pipeline)}"
-    if sink is not None:
-        root += f"/{check_name('sink', sink)}"
-    prefix = store.uri(store.path(root))
-    for uri in store.files_under(root):
-        parts = uri[len(prefix) :].strip("/").split("/")
-        if sink is not None:
-            parts = [sink, *parts]
-        if len(parts) != 4:
-            continue
-        sink_name, epoch_part, task, name = parts
-        if not (epoch_part.startswith("epoch=") and epoch_part[6:].isdigit()):
-            continue
-        if not (name.startswith("attempt-") and name.endswith(".json")):
-            continue
-        try:
-            found.append(Committable.from_json(store.read(uri).decode()))
-        except (ValueError, KeyError):
-            found.append(
-                Committable(
-                    pipeline=pipeline,
-                    epoch=int(epoch_part[6:]),
-                    slice=-1,
-                    task=task,
-                    attempt=name.removeprefix("attempt-").removesuffix(".json"),
-                    sink=sink_name,
-                    handle={"incomplete": True},
-                )
-            )
-    return found
+def list_markers(store: Store, location: str, pipeline: str, sink: str | None) -> list[Committable]:
+    return markers.list_markers(store, location, MARKERS, pipeline, sink)
 
 
 # ----------------------------------------------------------------------------- data file metadata
