@@ -44,7 +44,7 @@ from tests.faults.workload import AVRO_BAD_INPUT, BAD_INPUT, Workload, avro_regi
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = "tests.faults.pipelines:RECORDS"
 # The records pipeline's sinks, in the order its verdict tallies them.
-RECORDS_SINKS = ("pg", "files", "iceberg", "delta", "kafka")
+RECORDS_SINKS = ("pg", "files", "files_s3", "iceberg", "delta", "kafka")
 TABLE = "tests.faults.pipelines:TABLE"
 
 
@@ -72,8 +72,8 @@ def _epoch_fault(point: str, skip: int = 0) -> Fault:
 
 
 # Crash points that fire while one epoch runs, with the largest skip that still fires for the records
-# pipeline (two slices, several tasks each, five sinks; the coordinator commits them in name order:
-# delta, files, iceberg, kafka, pg).
+# pipeline (two slices, several tasks each, six sinks; the coordinator commits them in name order:
+# delta, files, files_s3, iceberg, kafka, pg).
 EPOCH_POINTS: dict[str, int] = {
     "after_plan": 0,
     "task_mid_read": 2,
@@ -83,8 +83,8 @@ EPOCH_POINTS: dict[str, int] = {
     "slice_after_precommits": 1,
     "before_decision": 0,
     "after_decision": 0,
-    "participant_committed": 4,
-    "between_commits": 3,
+    "participant_committed": 5,
+    "between_commits": 4,
     "before_complete": 0,
     "kafka.produced": 1,
     "kafka.offsets_sent": 1,
@@ -244,7 +244,8 @@ class Scenario:
         raise HarnessError(f"topics {[t.topic for t in topics]} have no leaders after 30 s")
 
     def drop(self, pg: Any) -> None:
-        """Delete the scenario's topics and tables (its folder stays, for post-mortems)."""
+        """Delete the scenario's topics, tables and objects in the bucket (its folder stays, for
+        post-mortems; the bucket is the stack's, which outlives the test run)."""
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
@@ -255,6 +256,9 @@ class Scenario:
         for sink in self.spec.sinks:
             if "table" in sink.config and sink.kind != "files":
                 pg.execute(f"DROP TABLE IF EXISTS {sink.config['table']}")
+        for table in invariants.bucket_tables(self.spec):
+            with contextlib.suppress(Exception):  # a gateway a test left down: the prefix is unique anyway
+                table.delete()
 
     # ----------------------------------------------------------------------------------------- steps
 

@@ -1,17 +1,20 @@
 """The invariants every scenario must leave standing, checked from the real outputs.
 
 Outputs are read the way a downstream user reads them: PostgreSQL tables with plain SELECTs (only
-committed rows are visible), Parquet tables through their commit log, the Kafka output topic with a
-read_committed consumer. Protocol leftovers are looked for where they would hide: prepared
-transactions, staging folders, an epoch in flight.
+committed rows are visible), Parquet tables through their commit log (in a bucket, with a reader of the
+checker's own), the Kafka output topic with a read_committed consumer. Protocol leftovers are looked for
+where they would hide: prepared transactions, staging folders and markers, an epoch in flight.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +267,154 @@ def delta_leftovers(spec: Pipeline) -> list[str]:
     return problems
 
 
+# A files sink's commit log entry in a bucket: ``{table}/_onceflow_log/{epoch:020d}.json``.
+_LOG_ENTRY = re.compile(r"[0-9]{20}\.json")
+
+
+@dataclass
+class BucketTable:
+    """A files sink's table in the bucket as the checker reads it on its own, through pyarrow's S3 file
+    system: the log entries' JSON, the Parquet objects they name, the objects under the table and the
+    staging. None of the sink's code reads here, so a bug in its reader cannot hide one in its commit."""
+
+    spec: Pipeline
+    sink: str
+    root: str  # bucket/prefix, without the scheme
+    table: str
+    s3: Any  # S3Settings
+
+    @classmethod
+    def of(cls, spec: Pipeline, sink: str) -> BucketTable:
+        from onceflow.storage.s3 import S3Settings
+
+        found = next(s for s in spec.sinks if s.name == sink)
+        settings = S3Settings.from_env(os.environ)
+        if settings is None:
+            raise AssertionError(f"files sink {sink} writes to {found.config['root']}: no AWS_* settings")
+        root = found.config["root"].removeprefix("s3://").rstrip("/")
+        return cls(spec, sink, root, found.config["table"], settings)
+
+    @cached_property
+    def fs(self) -> Any:
+        return self.s3.filesystem()
+
+    @property
+    def folder(self) -> str:
+        return f"{self.root}/{self.table}"
+
+    def objects(self, prefix: str) -> list[str]:
+        """Every object under ``prefix`` (bucket/key), recursively, sorted."""
+        from pyarrow import fs as pafs
+
+        selector = pafs.FileSelector(prefix, recursive=True, allow_not_found=True)
+        return sorted(i.path for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File)
+
+    def entries(self) -> list[tuple[str, dict[str, Any]]]:
+        """The commit log: (object name, parsed entry) in name order, which is epoch order."""
+        found = []
+        for path in self.objects(f"{self.folder}/_onceflow_log"):
+            name = path.rsplit("/", 1)[1]
+            if _LOG_ENTRY.fullmatch(name):
+                with self.fs.open_input_stream(path) as stream:
+                    found.append((name, json.loads(stream.read())))
+        return found
+
+    def live(self) -> list[str]:
+        """The data objects the log makes the table (every entry's adds minus later removes), as paths."""
+        live: dict[str, None] = {}
+        for _, entry in self.entries():
+            for name in entry.get("removes", ()):
+                live.pop(name, None)
+            for name in entry["adds"]:
+                live[name] = None
+        return [f"{self.folder}/{name}" for name in live]
+
+    def read(self, path: str, columns: list[str]) -> list[dict[str, Any]]:
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path, columns=columns, filesystem=self.fs).to_pylist()
+
+    def staged_bytes(self) -> int:
+        """The bytes of the pipeline's markers under ``_staging/`` (none once no epoch is in flight)."""
+        from pyarrow import fs as pafs
+
+        selector = pafs.FileSelector(
+            f"{self.root}/_staging/{self.spec.name}", recursive=True, allow_not_found=True
+        )
+        return sum(i.size for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File)
+
+    def ids(self) -> list[int]:
+        return [int(row["id"]) for path in self.live() for row in self.read(path, ["id"])]
+
+    def order_violations(self) -> list[str]:
+        """Within each committed data object (one task's output), each source partition's rows must keep
+        their offset order."""
+        problems = []
+        for path in self.live():
+            rows = self.read(path, ["_partition", "_offset"])
+            name = path.rsplit("/", 1)[1]
+            problems += _inversions(
+                ((int(row["_partition"]), int(row["_offset"])) for row in rows),
+                lambda partition, name=name: (
+                    f"files sink {self.sink} in the bucket, {name}: source partition {partition}"
+                ),
+            )
+        return problems
+
+    def leftovers(self) -> list[str]:
+        """An epoch in two log entries, markers of staged attempts, and data objects under the table's
+        ``epoch=N/`` prefixes that no log entry names."""
+        problems = []
+        entries = self.entries()
+        epochs: dict[int, list[str]] = {}
+        for name, entry in entries:
+            epochs.setdefault(int(entry["epoch"]), []).append(name)
+        problems += [
+            f"files sink {self.sink}: epoch {epoch} is in log entries {names}"
+            for epoch, names in sorted(epochs.items())
+            if len(names) > 1
+        ]
+        markers = self.objects(f"{self.root}/_staging/{self.spec.name}")
+        if markers:
+            problems.append(f"files sink {self.sink}: staged markers left: {markers[:3]}")
+        named = {f"{self.folder}/{name}" for _, entry in entries for name in entry["adds"]}
+        unnamed = [
+            path
+            for path in self.objects(self.folder)
+            if path.removeprefix(f"{self.folder}/").startswith("epoch=") and path not in named
+        ]
+        if unnamed:
+            problems.append(f"files sink {self.sink}: data objects no log entry names: {unnamed[:3]}")
+        return problems
+
+    def delete(self) -> None:
+        """Every object under the sink's root, one by one (a whole-prefix delete trips over the folders
+        a file-backed S3 server keeps for the keys)."""
+        for path in self.objects(self.root):
+            self.fs.delete_file(path)
+
+    def reader_agrees(self, ids: list[int]) -> list[str]:
+        """The sink's own reader (`read_committed_table`) must see the ids the log names, no more."""
+        from onceflow.sinks.files import read_committed_table
+
+        read = read_committed_table(f"s3://{self.root}", self.table, s3=self.s3)
+        found = read.column("id").to_pylist() if read.num_columns else []
+        if sorted(found) == sorted(ids):
+            return []
+        return [
+            f"files sink {self.sink}: read_committed_table reads {len(found)} ids, the log names {len(ids)}"
+        ]
+
+
+def bucket_tables(spec: Pipeline) -> list[BucketTable]:
+    """The pipeline's files sinks whose root is in a bucket."""
+    return [
+        BucketTable.of(spec, s.name)
+        for s in spec.sinks
+        if s.kind == "files" and str(s.config["root"]).startswith("s3://")
+    ]
+
+
 def staged_changes_left(spec: Pipeline, pg: Any) -> list[str]:
     """Rows of the pipeline's change sinks (`postgres_changes`) still staged: once every epoch is
     committed or aborted, each staged change was applied (and deleted with its epoch) or rolled back."""
@@ -282,7 +433,7 @@ def staged_changes_left(spec: Pipeline, pg: Any) -> list[str]:
 
 def check_protocol_clean(spec: Pipeline, ledger: Ledger, pg: Any, root: Path) -> list[str]:
     """No epoch in flight, committed offsets contiguous, nothing prepared or staged, no epoch committed
-    twice to a Delta table."""
+    twice to a Delta table or a files sink's log in a bucket."""
     problems = []
     if (open_epoch := ledger.open_epoch(spec.name)) is not None:
         problems.append(f"{open_epoch} is still in flight after recovery")
@@ -306,21 +457,25 @@ def check_protocol_clean(spec: Pipeline, ledger: Ledger, pg: Any, root: Path) ->
         problems.append(f"staging left: {staged[:5]}")
     problems += iceberg_leftovers(spec, root / "home")
     problems += delta_leftovers(spec)
+    for table in bucket_tables(spec):
+        problems += table.leftovers()
     return problems
 
 
 def check_records(
     spec: Pipeline, ledger: Ledger, pg: Any, root: Path, workload: Any, bootstrap: str
 ) -> Verdict:
-    """The records pipeline: each good record once in PostgreSQL, the files, Iceberg, Delta and Kafka; the
-    rest."""
+    """The records pipeline: each good record once in PostgreSQL, the files (in a folder and in the bucket),
+    Iceberg, Delta and Kafka; the rest."""
     expected = set(workload.good)
     sinks = {s.name: s for s in spec.sinks}
     kafka_out = kafka_records(bootstrap, sinks["kafka"].config["topic"])
     files = read_committed_table(root / "files", "records")
+    bucket = BucketTable.of(spec, "files_s3")
     observed = {
         "pg": pg_ids(pg, sinks["pg"].config["table"]),
         "files": files.column("id").to_pylist() if files.num_columns else [],
+        "files_s3": bucket.ids(),
         "iceberg": iceberg_ids(spec, "iceberg", root / "home"),
         "delta": delta_ids(spec, "delta"),
         "kafka": [int(value["id"]) for _, value in kafka_out],
@@ -334,6 +489,8 @@ def check_records(
             )
     verdict.violations += order_violations(kafka_out)
     verdict.violations += files_order_violations(root / "files", "records")
+    verdict.violations += bucket.order_violations()
+    verdict.violations += bucket.reader_agrees(observed["files_s3"])
     verdict.violations += iceberg_order_violations(spec, "iceberg", root / "home")
     verdict.violations += delta_order_violations(spec, "delta")
     verdict.violations += check_protocol_clean(spec, ledger, pg, root)

@@ -26,14 +26,24 @@ def _reader(env: Mapping[str, str] | None) -> Callable[[str, str], str]:
     return lambda name, default: source.get(f"ONCEFLOW_FAULTS_{name}", default)
 
 
+def _s3_root(env: Mapping[str, str] | None, name: str) -> str:
+    """ONCEFLOW_FAULTS_S3_ROOT, or a prefix named after the pipeline in the stack's one bucket
+    (infra/s3.sh): each scenario's pipeline has a name of its own, so its objects never meet another's."""
+    source = os.environ if env is None else env
+    bucket = source.get("ONCEFLOW_S3_BUCKET", "onceflow")
+    return source.get("ONCEFLOW_FAULTS_S3_ROOT") or f"s3://{bucket}/{name}"
+
+
 def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
-    """Every record to PostgreSQL (two-phase commit), Parquet files, an Iceberg table, a Delta table and a
-    Kafka topic; through the transform ONCEFLOW_FAULTS_TRANSFORM names (module:function), if any; JSON
-    records, or Avro ones with ONCEFLOW_FAULTS_FORMAT=avro."""
+    """Every record to PostgreSQL (two-phase commit), Parquet files in a folder and in the stack's bucket
+    (`_s3_root`), an Iceberg table, a Delta table and a Kafka topic; through the transform
+    ONCEFLOW_FAULTS_TRANSFORM names (module:function), if any; JSON records, or Avro ones with
+    ONCEFLOW_FAULTS_FORMAT=avro."""
     _env = _reader(env)
     root = Path(_env("ROOT", "/tmp/onceflow-faults"))
+    name = _env("NAME", "faults")
     return Pipeline(
-        name=_env("NAME", "faults"),
+        name=name,
         source=KafkaSource(topics=(_env("TOPIC", "faults-in"),)),
         format=AVRO_FORMAT if _env("FORMAT", "json") == "avro" else FORMAT,
         transform=_env("TRANSFORM", "") or None,
@@ -52,6 +62,8 @@ def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
                 },
             ),
             SinkSpec("files", "files", {"root": str(root / "files"), "table": "records"}),
+            # The same table in the object store: data objects written in place, committed by a log entry.
+            SinkSpec("files_s3", "files", {"root": _s3_root(env, name), "table": "records"}),
             # The default catalog: SQLite under the scenario's ONCEFLOW_HOME, so each scenario has its own.
             SinkSpec("iceberg", "iceberg", {"table": "faults.records", "columns": ICEBERG_COLUMNS}),
             # The same columns, so each data file's source order is checked as the Iceberg table's is.

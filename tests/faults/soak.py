@@ -290,6 +290,7 @@ class Soak:
             [lane.scenario.spec.name for lane in self.lanes],
             extra_processes={"soak": os.getpid()},
             runtime=self.runtime,
+            buckets=invariants.bucket_tables(records.spec),
         )
         self.samples: list[Sample] = []
         self.faults: list[SoakFault] = []

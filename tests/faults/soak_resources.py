@@ -24,6 +24,7 @@ from local_stack.spark_runtime import SparkRuntime
 
 from onceflow.sinks.kafka import transactional_id_prefix
 from onceflow.sinks.staging import STAGING
+from tests.faults.invariants import BucketTable
 
 LEDGER_TABLES = ("pipelines", "epochs", "epoch_offsets", "participants", "dead_letters")
 # Transaction states of Kafka's TransactionsCommand that hold a transaction open.
@@ -59,7 +60,7 @@ MARGINS = {
 class Sample:
     minute: float
     prepared: int  # prepared transactions of the soak's pipelines (pg_prepared_xacts)
-    staging_bytes: int  # bytes under every _staging folder of the soak
+    staging_bytes: int  # bytes under every _staging folder of the soak, in its folder and its bucket
     kafka_open_sink: int  # open transactions of Kafka sinks
     kafka_open_workload: int  # open transactions of the producer (it keeps producing while sampling)
     ledger_rows: dict[str, int]
@@ -182,6 +183,7 @@ class Sampler:
     extra_processes: Mapping[str, int] = field(default_factory=dict)
     processes: Callable[[], dict[str, int]] = stack_processes
     runtime: SparkRuntime | None = None
+    buckets: Sequence[BucketTable] = ()  # files sinks in the bucket, whose staged markers count too
 
     def sample(self, minute: float) -> Sample:
         errors: list[str] = []
@@ -222,6 +224,11 @@ class Sampler:
             except OSError as exc:
                 errors.append(f"{name} (pid {pid}): {exc.strerror}")
         staged = sum(p.stat().st_size for p in self.root.glob(f"**/{STAGING}/**/*") if p.is_file())
+        for bucket in self.buckets:
+            try:
+                staged += bucket.staged_bytes()
+            except OSError as exc:
+                errors.append(f"bucket {bucket.root}: {exc}")
         spark = Footprint({}, -1, -1)
         if self.runtime is not None:
             try:

@@ -1,10 +1,12 @@
 """The fault tests' checkers fire on the real outputs: one clean epoch of the records pipeline passes
 `invariants.check_records`, then a violation of each kind is planted where a bug would leave it (a row
-twice or missing in PostgreSQL, a committed Parquet file with an aborted id and rows out of order, a
-duplicate Iceberg row, a staged marker and an unreferenced data file, the same in the Delta table and an
-epoch committed to it twice, a committed Kafka record that must not be there and out of order, a
-consumer group off the ledger's position, ranges that do not meet, a dead letter twice and one missing,
-an epoch in flight, a prepared transaction, a staged file) and each must be reported, in its own words.
+twice or missing in PostgreSQL, a committed Parquet file with an aborted id and rows out of order, the
+same in the bucket's files table with an epoch in two log entries, a staged marker and a data object no
+entry names, a duplicate Iceberg row, a staged marker and an unreferenced data file, the same in the
+Delta table and an epoch committed to it twice, a committed Kafka record that must not be there and out
+of order, a consumer group off the ledger's position, ranges that do not meet, a dead letter twice and
+one missing, an epoch in flight, a prepared transaction, a staged file) and each must be reported, in its
+own words.
 A record in an aborted transaction of the output topic must not count: the output is read with a plain
 read_committed consumer.
 
@@ -76,6 +78,7 @@ def test_every_planted_violation_of_the_records_pipeline_is_reported(
     expected = [
         *plant_in_postgres(scenario, pg),
         *plant_in_files(scenario),
+        *plant_in_bucket(scenario),
         *plant_in_iceberg(scenario),
         *plant_in_delta(scenario),
         *plant_in_kafka(scenario, settings.kafka_bootstrap),
@@ -129,6 +132,47 @@ def plant_in_files(scenario: harness.Scenario) -> list[str]:
     return [
         "sink files: 0 lost, 1 duplicated, 1 that must not be there",
         "files table records, planted.parquet: source partition 1 offset 2 after 5",
+    ]
+
+
+def plant_in_bucket(scenario: harness.Scenario) -> list[str]:
+    """In the files table in the bucket, written through S3: a data object with a good id again and an
+    aborted one, its source partition 1 going from offset 5 back to 2, committed by a log entry of its
+    own; a second log entry of the committed epoch; a staged attempt's marker; a data object in an
+    epoch's prefix that no log entry names."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bucket = invariants.BucketTable.of(scenario.spec, "files_s3")
+    ((logged, entry),) = bucket.entries()
+    epoch = int(entry["epoch"])
+    with bucket.fs.open_input_file(bucket.live()[0]) as committed:
+        schema = pq.ParquetFile(committed).schema_arrow
+    rows = [
+        {"id": 0, "payload": "p0", "_partition": 1, "_offset": 5},
+        {"id": ABORTED_BASE + 79, "payload": "x", "_partition": 1, "_offset": 2},
+    ]
+    with bucket.fs.open_output_stream(f"{bucket.folder}/epoch=99/planted.parquet") as out:
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), out)
+    planted = CommitLogEntry(
+        99, scenario.spec.name, "files_s3", ("epoch=99/planted.parquet",), record_count=2
+    )
+    again = CommitLogEntry(epoch, scenario.spec.name, "files_s3", ())
+    ours = f"{scenario.spec.name}/files_s3"  # an attempt's marker and its data object, as the sink names them
+    for path, data in (
+        (f"{bucket.folder}/_onceflow_log/{99:020d}.json", planted.to_json().encode()),
+        (f"{bucket.folder}/_onceflow_log/{98:020d}.json", again.to_json().encode()),
+        (f"{bucket.root}/_staging/{ours}/epoch=9/s0-t0/attempt-x.json", b"{}"),
+        (f"{bucket.folder}/epoch=9/{ours}/s0-t0-x.parquet", b"PAR1"),
+    ):
+        with bucket.fs.open_output_stream(path) as out:
+            out.write(data)
+    return [
+        "sink files_s3: 0 lost, 1 duplicated, 1 that must not be there",
+        "files sink files_s3 in the bucket, planted.parquet: source partition 1 offset 2 after 5",
+        f"files sink files_s3: epoch {epoch} is in log entries [{logged!r}, '{98:020d}.json']",
+        "files sink files_s3: staged markers left",
+        "files sink files_s3: data objects no log entry names",
     ]
 
 

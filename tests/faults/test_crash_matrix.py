@@ -8,10 +8,10 @@ decision, the commits), where no Spark job is running, are the same code on ever
 runs every named fault on Spark (17 faults, about ten minutes on two cores).
 Then the bad-input run: every kind of bad record, mixed into the stream, dead-lettered with its reason
 and offset while every good record is delivered once and the pipeline keeps going. Both run the
-records pipeline (PostgreSQL, files, Iceberg, Delta, Kafka) with a transform, with Spark's Kafka source
-on the drivers' classpath, and check each source partition's order in the Kafka output and in each data
-file of the files, Iceberg and Delta sinks. The Avro, CDC and JVM read path cases are in
-`test_crash_matrix_pipelines`.
+records pipeline (PostgreSQL, files in a folder and in a bucket, Iceberg, Delta, Kafka) with a
+transform, with Spark's Kafka source on the drivers' classpath, and check each source partition's order
+in the Kafka output and in each data file of the files, Iceberg and Delta sinks. The Avro, CDC and JVM
+read path cases are in `test_crash_matrix_pipelines`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.ledger import Ledger
-from tests.faults import harness
+from tests.faults import harness, invariants
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -73,6 +73,7 @@ def test_a_zombie_attempt_finishing_after_its_epoch_was_aborted_rolls_itself_bac
     assert outcome.returncode == 1 and "refused" in outcome.output["failed"]
     staged = [p for p in Path(scenario.root).glob("**/_staging/**/*") if p.is_file()]
     assert staged == []  # the zombie rolled its staging back itself, before any recovery ran
+    assert invariants.BucketTable.of(scenario.spec, "files_s3").leftovers() == []  # its marker and object too
     finish(scenario, pg)
 
 
