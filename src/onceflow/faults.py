@@ -58,6 +58,7 @@ POINTS: dict[str, str] = {
     "kafka.offsets_sent": "the Kafka sink added the input offsets to its open transaction",
     "kafka.committed": "the Kafka sink's transaction is committed; its staging is not deleted",
     "wal.pushed": "the write-ahead-log sink pushed its rows; its log is not deleted",
+    "files.logged": "the files sink put the epoch's log entry in the bucket; its markers are not deleted",
 }
 
 

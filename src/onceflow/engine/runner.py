@@ -139,9 +139,10 @@ def run_epoch(
                     local = partial(run_slice_local, spec, epoch.number, slice_number, token, settings)
                     try:
                         within(timeout_s, what, local)
-                    except OnceflowError as exc:
-                        timed_out = isinstance(exc, SliceTimedOut)
-                        failures.append(str(exc) if timed_out else f"slice {slice_number} failed: {exc}")
+                    except SliceTimedOut as exc:
+                        failures.append(str(exc))
+                    except Exception as exc:  # a sink's own error (a store out of reach) fails the slice too
+                        failures.append(f"slice {slice_number} failed: {failure_line(exc)}")
                     continue
                 if runner == "connect":
                     warm = partial(

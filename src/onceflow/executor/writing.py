@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from onceflow import redact
 from onceflow.committables import Committable, TaskContext
-from onceflow.errors import SliceFailed
+from onceflow.errors import SliceFailed, one_line
 from onceflow.executor.arrow_rows import batch_rows, rows_of
 from onceflow.executor.slices import SliceRef
 from onceflow.faults import crash_point
@@ -17,6 +19,8 @@ from onceflow.sinks.registry import sink_kind
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+_log = logging.getLogger(__name__)
 
 # Rows per ``write(rows)`` call when a writer is fed rows.
 WRITE_BATCH = 2000
@@ -177,7 +181,11 @@ def _stage(
         # 3.
         committable = writer.pre_commit()
     except BaseException:
-        writer.abort()
+        try:
+            writer.abort()
+        except Exception as exc:  # what is left is the sweeper's; the task reports its own failure
+            shown = one_line(redact.text(exc))
+            _log.warning("%s: rolling back the failed attempt %s failed too: %s", sink.name, attempt, shown)
         raise
     crash_point("task_after_precommit")
     # 4.

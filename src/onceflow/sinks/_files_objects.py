@@ -34,6 +34,7 @@ from typing import Any
 
 from onceflow import redact
 from onceflow.errors import ConfigError
+from onceflow.faults import crash_point
 from onceflow.names import check_name
 from onceflow.sinks._files_parquet import EMPTY_SHA256, ParquetTaskWriter
 from onceflow.sinks._files_table import (
@@ -221,6 +222,7 @@ class ObjectFilesCommitter:
                 try:
                     with _said("writing", log_uri(self._table, epoch)):
                         self._store.create(log_uri(self._table, epoch), entry.to_json().encode())
+                    crash_point("files.logged")
                 except ObjectExists:
                     found = self._entry(epoch)
             if found is not None:
