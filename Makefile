@@ -129,6 +129,7 @@ faults: venv jars
 # (ONCEFLOW_KAFKA_BROKERS=1 make soak: the single broker, as the suite's 3-minute soak).
 MINUTES ?= 60
 soak: export ONCEFLOW_KAFKA_BROKERS ?= 3
+soak: export ONCEFLOW_SPARK_LEAN ?= 0
 soak: $(BENCH_STAMP) jars
 	@stack="$$(infra/services.sh start)" || exit 1; set -a; eval "$$stack"; set +a; \
 	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m tests.faults.soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED)); \

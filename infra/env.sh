@@ -118,11 +118,12 @@ export ONCEFLOW_SPARK_WORKER_CORES="${ONCEFLOW_SPARK_WORKER_CORES:-1}"
 export ONCEFLOW_SPARK_WORKER_MEMORY="${ONCEFLOW_SPARK_WORKER_MEMORY:-1g}"
 export ONCEFLOW_SPARK_EXECUTOR_MEMORY="${ONCEFLOW_SPARK_EXECUTOR_MEMORY:-768m}"
 export ONCEFLOW_SPARK_DRIVER_MEMORY="${ONCEFLOW_SPARK_DRIVER_MEMORY:-1g}"
-# ONCEFLOW_SPARK_LEAN=1: one JVM instead of five. No master and no workers; the Connect server runs the
-# tasks itself (Spark's local[N,4]: N task threads, each task tried up to 4 times), in
-# ONCEFLOW_SPARK_DRIVER_MEMORY. For one machine where memory counts; executors then cannot fail apart
-# from the server, so the cluster-fault tests need the default.
-export ONCEFLOW_SPARK_LEAN="${ONCEFLOW_SPARK_LEAN:-0}"
+# The runtime's shape. ONCEFLOW_SPARK_LEAN=1 (the default, for one machine): one JVM, the Connect server
+# running the tasks itself (Spark's local[N,4]: N task threads, each task tried up to 4 times) in
+# ONCEFLOW_SPARK_DRIVER_MEMORY. ONCEFLOW_SPARK_LEAN=0: the cluster shape, a standalone master, two workers
+# with an executor each and the Connect server (five JVMs), where executors fail apart from the server:
+# what the test suite's stacks run (infra/test-stacks.sh), for the tests that kill executors and workers.
+export ONCEFLOW_SPARK_LEAN="${ONCEFLOW_SPARK_LEAN:-1}"
 export ONCEFLOW_SPARK_LEAN_CORES="${ONCEFLOW_SPARK_LEAN_CORES:-2}"
 # How long the Connect server keeps running a query whose client went away (killed) before interrupting it.
 export ONCEFLOW_SPARK_DETACHED_TIMEOUT="${ONCEFLOW_SPARK_DETACHED_TIMEOUT:-30s}"

@@ -9,6 +9,7 @@
 #   infra/test-stacks.sh start N   start stacks 1..N one after the other (they share the jar caches) and
 #                                  write each one's settings to .onceflow/test-stack-n.env (KEY=VALUE)
 #   infra/test-stacks.sh stop      stop the stacks n > 1 that a run left (stack 1: infra/services.sh stop)
+#   infra/test-stacks.sh settings N   print stack N's home, shape and ports (KEY=VALUE), starting nothing
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 home="${ONCEFLOW_HOME:-$(dirname "$here")/.onceflow}"
@@ -33,6 +34,9 @@ DERIVED=(
 stack_settings() {
   local n=$1 pair key base
   if [ "$n" = 1 ]; then printf 'ONCEFLOW_HOME=%s\n' "$home"; else printf 'ONCEFLOW_HOME=%s\n' "$home/stack-$n"; fi
+  # The cluster-shaped Spark runtime: the suite's fault tests kill executors and workers apart from the
+  # Connect server (ONCEFLOW_TEST_SPARK_LEAN=1 runs the suite on the lean one instead).
+  printf 'ONCEFLOW_SPARK_LEAN=%s\n' "${ONCEFLOW_TEST_SPARK_LEAN:-0}"
   for pair in "${PORTS[@]}"; do
     key=${pair%%=*}
     base=${!key:-${pair#*=}}
@@ -69,5 +73,6 @@ case "${1:-}" in
       as_stack "${dir##*-}" stop
     done
     ;;
-  *) echo "usage: $0 start N|stop" >&2; exit 2 ;;
+  settings) stack_settings "${2:-1}" ;;
+  *) echo "usage: $0 start N|stop|settings N" >&2; exit 2 ;;
 esac

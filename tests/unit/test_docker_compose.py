@@ -568,6 +568,22 @@ def test_the_test_stacks_move_the_connect_port_and_data() -> None:
     assert {"ONCEFLOW_CONNECT_DATA", "ONCEFLOW_CONNECT_URL"} <= set(derived)
 
 
+def test_one_machine_runs_the_lean_runtime_and_the_test_stacks_the_cluster_shape() -> None:
+    """`make services` starts the lean Spark runtime by default; the suite's stacks run the cluster shape,
+    whose executors its fault tests kill, each with its own S3 gateway port and folder."""
+    assert _env_sh_defaults()["ONCEFLOW_SPARK_LEAN"] == "1"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONCEFLOW_", "AWS_"))}
+    script = str(ROOT / "infra" / "test-stacks.sh")
+    s3_port = int(_env_sh_defaults()["ONCEFLOW_S3_PORT"])
+    for n in (1, 2):
+        out = subprocess.run(["bash", script, "settings", str(n)], env=env, capture_output=True, text=True)
+        settings = dict(line.split("=", 1) for line in out.stdout.splitlines())
+        assert settings["ONCEFLOW_SPARK_LEAN"] == "0", out
+        assert int(settings["ONCEFLOW_S3_PORT"]) == s3_port + 1000 * (n - 1)
+    text = (ROOT / "infra" / "test-stacks.sh").read_text()
+    assert "ONCEFLOW_S3_DATA" in text.split("DERIVED=(", 1)[1].split(")", 1)[0]
+
+
 # ---------------------------------------------------------------------------------------------------
 # docker-compose.cluster.yml, merged over docker-compose.yml as `docker compose -f … -f …` merges them.
 
