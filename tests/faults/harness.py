@@ -256,8 +256,10 @@ class Scenario:
         for sink in self.spec.sinks:
             if "table" in sink.config and sink.kind != "files":
                 pg.execute(f"DROP TABLE IF EXISTS {sink.config['table']}")
+        with contextlib.suppress(Exception):  # a gateway a test left down: the prefixes are unique anyway
+            invariants.drop_iceberg_warehouses(self.spec, self.root / "home")
         for table in invariants.bucket_tables(self.spec):
-            with contextlib.suppress(Exception):  # a gateway a test left down: the prefix is unique anyway
+            with contextlib.suppress(Exception):
                 table.delete()
 
     # ----------------------------------------------------------------------------------------- steps

@@ -123,40 +123,50 @@ def iceberg_ids(spec: Pipeline, sink: str, home: Path) -> list[int]:
     return [] if table is None else table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
 
 
-def _iceberg_table(spec: Pipeline, sink: str, home: Path) -> Any:
+def iceberg_config(spec: Pipeline, sink: str, home: Path) -> Any:
+    """The Iceberg sink's config as the pipeline's processes parse it: the catalog the kind's defaults put
+    under ``home`` when the sink names none, and the stack's S3 settings (the ``AWS_*`` variables) for a
+    warehouse in a bucket, which become pyiceberg's FileIO properties and the table's `Store`."""
     from onceflow.config import Settings
     from onceflow.sinks import iceberg
 
     found = next(s for s in spec.sinks if s.name == sink)
-    config = iceberg.SINK_KIND.config_for(found, Settings.from_env({"ONCEFLOW_HOME": str(home)}))
-    parsed = iceberg.IcebergConfig.from_mapping(config)
+    settings = Settings.from_env({**os.environ, "ONCEFLOW_HOME": str(home)})
+    return iceberg.IcebergConfig.from_mapping(iceberg.SINK_KIND.config_for(found, settings))
+
+
+def _iceberg_table(spec: Pipeline, sink: str, home: Path) -> Any:
+    from onceflow.sinks import iceberg
+
+    parsed = iceberg_config(spec, sink, home)
     return iceberg.tables.load(parsed.open_catalog(), parsed.table)
 
 
 def iceberg_order_violations(spec: Pipeline, sink: str, home: Path) -> list[str]:
     """Within each data file of the Iceberg sink's current snapshot (one task's output), each source
-    partition's rows must keep their offset order, as in the files sink's files."""
+    partition's rows must keep their offset order, as in the files sink's files. The files are read
+    through the table's `Store` (a folder or the bucket), not through pyiceberg's scan."""
     import pyarrow.parquet as pq
 
     table = _iceberg_table(spec, sink, home)
     if table is None:
         return []
+    store = iceberg_config(spec, sink, home).store(table.location())
     problems = []
     for task in table.scan().plan_files():
         path = task.file.file_path
-        local = path.removeprefix("file://")
-        rows = pq.read_table(local, columns=["_partition", "_offset"]).to_pylist()
+        name = path.rsplit("/", 1)[1]
+        rows = pq.read_table(store.path(path), columns=["_partition", "_offset"], filesystem=store.fs)
         problems += _inversions(
-            ((int(row["_partition"]), int(row["_offset"])) for row in rows),
-            lambda partition, name=Path(local).name: (
-                f"iceberg sink {sink}, {name}: source partition {partition}"
-            ),
+            ((int(row["_partition"]), int(row["_offset"])) for row in rows.to_pylist()),
+            lambda partition, name=name: f"iceberg sink {sink}, {name}: source partition {partition}",
         )
     return problems
 
 
 def iceberg_leftovers(spec: Pipeline, home: Path) -> list[str]:
-    """Markers of staged attempts, and data files that no snapshot references, in Iceberg sinks."""
+    """Markers of staged attempts, and data files that no snapshot references, in Iceberg sinks (in a
+    folder or in the bucket)."""
     from onceflow.sinks import iceberg
 
     problems = []
@@ -164,7 +174,7 @@ def iceberg_leftovers(spec: Pipeline, home: Path) -> list[str]:
         table = _iceberg_table(spec, sink.name, home)
         if table is None:
             continue
-        store = iceberg.files.Store.for_location(table.location())
+        store = iceberg_config(spec, sink.name, home).store(table.location())
         markers = store.files_under(f"{table.location()}/{iceberg.files.MARKERS}")
         if markers:
             problems.append(f"iceberg sink {sink.name}: staged attempts left: {markers[:3]}")
@@ -174,6 +184,18 @@ def iceberg_leftovers(spec: Pipeline, home: Path) -> list[str]:
         if unreferenced:
             problems.append(f"iceberg sink {sink.name}: unreferenced data files left: {unreferenced[:3]}")
     return problems
+
+
+def drop_iceberg_warehouses(spec: Pipeline, home: Path) -> None:
+    """Delete every object of the Iceberg sinks' warehouses that are in a bucket (a warehouse in a folder
+    stays with the scenario's folder, as its catalog does)."""
+    from onceflow.storage.s3 import is_s3
+
+    for sink in (s for s in spec.sinks if s.kind == "iceberg"):
+        parsed = iceberg_config(spec, sink.name, home)
+        warehouse = dict(parsed.catalog_properties).get("warehouse", "")
+        if is_s3(warehouse):
+            parsed.store(warehouse).delete_dir(warehouse)
 
 
 def _delta_path(spec: Pipeline, sink: str) -> str:
@@ -388,10 +410,11 @@ class BucketTable:
         return problems
 
     def delete(self) -> None:
-        """Every object under the sink's root, one by one (a whole-prefix delete trips over the folders
-        a file-backed S3 server keeps for the keys)."""
-        for path in self.objects(self.root):
-            self.fs.delete_file(path)
+        """Every object under the sink's root, by name (pyarrow's deletes would leave a folder object for
+        each emptied prefix, and a whole-prefix delete trips over those)."""
+        from onceflow.storage.s3 import delete_objects
+
+        delete_objects(self.s3, [f"s3://{path}" for path in self.objects(self.root)])
 
     def reader_agrees(self, ids: list[int]) -> list[str]:
         """The sink's own reader (`read_committed_table`) must see the ids the log names, no more."""

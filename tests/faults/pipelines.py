@@ -8,7 +8,9 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from onceflow.config import Settings
 from onceflow.pipeline import AvroFormat, Debezium, JsonFormat, KafkaSource, Pipeline, SinkSpec
+from onceflow.sinks.iceberg import default_catalog_properties
 
 # The record every workload produces: its id, a payload, and its Kafka key in column "k".
 FORMAT = JsonFormat(schema={"id": "int", "payload": "string"}, key_field="k")
@@ -34,11 +36,18 @@ def _s3_root(env: Mapping[str, str] | None, name: str) -> str:
     return source.get("ONCEFLOW_FAULTS_S3_ROOT") or f"s3://{bucket}/{name}"
 
 
+def _iceberg_in_bucket(env: Mapping[str, str] | None, name: str) -> dict[str, str]:
+    """The default catalog (SQLite under the scenario's ONCEFLOW_HOME, so each scenario has its own) with
+    its warehouse in the bucket, beside the files table of `_s3_root`."""
+    home = Settings.from_env(os.environ if env is None else env).home
+    return {**default_catalog_properties(home), "warehouse": f"{_s3_root(env, name)}/warehouse"}
+
+
 def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
     """Every record to PostgreSQL (two-phase commit), Parquet files in a folder and in the stack's bucket
-    (`_s3_root`), an Iceberg table, a Delta table and a Kafka topic; through the transform
-    ONCEFLOW_FAULTS_TRANSFORM names (module:function), if any; JSON records, or Avro ones with
-    ONCEFLOW_FAULTS_FORMAT=avro."""
+    (`_s3_root`), an Iceberg table whose warehouse is in that bucket too, a Delta table and a Kafka topic;
+    through the transform ONCEFLOW_FAULTS_TRANSFORM names (module:function), if any; JSON records, or Avro
+    ones with ONCEFLOW_FAULTS_FORMAT=avro."""
     _env = _reader(env)
     root = Path(_env("ROOT", "/tmp/onceflow-faults"))
     name = _env("NAME", "faults")
@@ -64,8 +73,16 @@ def records_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
             SinkSpec("files", "files", {"root": str(root / "files"), "table": "records"}),
             # The same table in the object store: data objects written in place, committed by a log entry.
             SinkSpec("files_s3", "files", {"root": _s3_root(env, name), "table": "records"}),
-            # The default catalog: SQLite under the scenario's ONCEFLOW_HOME, so each scenario has its own.
-            SinkSpec("iceberg", "iceberg", {"table": "faults.records", "columns": ICEBERG_COLUMNS}),
+            # Its catalog under the scenario's home, its metadata and data files in the bucket.
+            SinkSpec(
+                "iceberg",
+                "iceberg",
+                {
+                    "table": "faults.records",
+                    "columns": ICEBERG_COLUMNS,
+                    "catalog_properties": _iceberg_in_bucket(env, name),
+                },
+            ),
             # The same columns, so each data file's source order is checked as the Iceberg table's is.
             SinkSpec("delta", "delta", {"path": str(root / "delta" / "records"), "columns": ICEBERG_COLUMNS}),
             SinkSpec(

@@ -2,11 +2,11 @@
 `invariants.check_records`, then a violation of each kind is planted where a bug would leave it (a row
 twice or missing in PostgreSQL, a committed Parquet file with an aborted id and rows out of order, the
 same in the bucket's files table with an epoch in two log entries, a staged marker and a data object no
-entry names, a duplicate Iceberg row, a staged marker and an unreferenced data file, the same in the
-Delta table and an epoch committed to it twice, a committed Kafka record that must not be there and out
-of order, a consumer group off the ledger's position, ranges that do not meet, a dead letter twice and
-one missing, an epoch in flight, a prepared transaction, a staged file) and each must be reported, in its
-own words.
+entry names, a duplicate Iceberg row, a staged marker and an unreferenced data file in the Iceberg
+table's warehouse in the bucket, the same in the Delta table and an epoch committed to it twice, a
+committed Kafka record that must not be there and out of order, a consumer group off the ledger's
+position, ranges that do not meet, a dead letter twice and one missing, an epoch in flight, a prepared
+transaction, a staged file) and each must be reported, in its own words.
 A record in an aborted transaction of the output topic must not count: the output is read with a plain
 read_committed consumer.
 
@@ -177,11 +177,15 @@ def plant_in_bucket(scenario: harness.Scenario) -> list[str]:
 
 
 def plant_in_iceberg(scenario: harness.Scenario) -> list[str]:
-    """Two rows of one source partition appended again, in a data file of their own, the later offset
-    first; a staged attempt's marker and a data file no snapshot references."""
+    """In the Iceberg table, whose warehouse is in the bucket: two rows of one source partition appended
+    again, in a data file of their own, the later offset first; a staged attempt's marker and a data
+    file no snapshot references, both written through S3."""
     import pyarrow as pa
 
-    table = invariants._iceberg_table(scenario.spec, "iceberg", scenario.root / "home")
+    spec, home = scenario.spec, scenario.root / "home"
+    table = invariants._iceberg_table(spec, "iceberg", home)
+    location = table.location()
+    assert location.startswith(f"s3://{invariants.BucketTable.of(spec, 'files_s3').root}/warehouse/")
     rows = table.scan().to_arrow()
     first = rows.slice(0, 1).to_pylist()[0]
     same = sorted(
@@ -189,14 +193,10 @@ def plant_in_iceberg(scenario: harness.Scenario) -> list[str]:
     )
     early, late = same[0], same[1]
     table.append(pa.Table.from_pylist([late, early], schema=rows.schema))
-    location = Path(table.location().removeprefix("file://"))
-    marker = location / iceberg.files.MARKERS / scenario.spec.name / "iceberg" / "planted"
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text("{}")
-    root = iceberg.files.data_root(iceberg._data_path(table), scenario.spec.name, "iceberg")
-    data = Path(root.removeprefix("file://")) / "planted.parquet"
-    data.parent.mkdir(parents=True, exist_ok=True)
-    data.write_bytes(b"PAR1")
+    store = invariants.iceberg_config(spec, "iceberg", home).store(location)
+    store.write(f"{location}/{iceberg.files.MARKERS}/{spec.name}/iceberg/planted", b"{}")
+    root = iceberg.files.data_root(iceberg._data_path(table), spec.name, "iceberg")
+    store.write(f"{root}/planted.parquet", b"PAR1")
     return [
         "sink iceberg: 0 lost, 2 duplicated, 0 that must not be there",
         f"source partition {early['_partition']} offset {early['_offset']} after {late['_offset']}",
