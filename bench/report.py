@@ -335,6 +335,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _targets_section(results)
     lines += _notes_section(results)
     lines += _throughput_section(results)
+    lines += _machine_limit_section(results)
     lines += _avro_section(results)
     lines += _nested_section(results)
     lines += _nested_avro_section(results)
@@ -542,6 +543,39 @@ def _throughput_section(results: dict[str, Any]) -> list[str]:
             values = [r[k] for r in rs if r[k] == r[k]]  # nan: not measured at this size
             cells.append(f"{median(values):.3f} ({spread(values)})" if values else MISSING)
         lines.append(f"| {int(size):,} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _machine_limit_section(results: dict[str, Any]) -> list[str]:
+    """The machine's figures measured alone (``--steps limit``), when a run measured them so."""
+    alone = results.get("machine_limit")
+    if not alone:
+        return []
+    lines = [
+        "## The machine's limit, measured alone (records/s)",
+        "",
+        "The throughput table's machine figures without the pipelines beside them (`--steps limit`): "
+        "the same data set, the same measurements, rounds of their own. Median of the rounds "
+        "(min–max); each ratio within its round.",
+        "",
+        "| records | figure | records/s | MB/s | × one Python consumer |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for size in sorted(alone, key=int):
+        rounds = alone[size]
+        for key, label in MACHINE_LABELS.items():
+            measured = [r for r in rounds if key in r]
+            if not measured:
+                continue
+            rates = [r[key]["records_per_s"] for r in measured]
+            vs_python = [
+                r[key]["records_per_s"] / r["limit"]["records_per_s"] for r in measured if "limit" in r
+            ]
+            mb_rate = median([r[key]["mb_per_s"] for r in measured])
+            lines.append(
+                f"| {int(size):,} | {label} | {_fmt(median(rates))} ({spread(rates)}) | {_fmt(mb_rate)} | "
+                f"{_median_cell(vs_python)} |"
+            )
     return [*lines, ""]
 
 

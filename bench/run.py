@@ -556,9 +556,11 @@ class Bench:
         )
         return dataclasses.asdict(sss) | {"records_per_s": sss.records_per_s}
 
-    def limit_only(self, sizes: tuple[int, ...]) -> None:
+    def limit_only(self, sizes: tuple[int, ...], key: str = "machine_limit") -> None:
         """Step 4 without the pipelines (the smoke run's stand-in for it, and ``--steps limit``): per size,
-        ``self.runs`` rounds of the machine's figures alone, no Spark."""
+        ``self.runs`` rounds of the machine's figures alone, no Spark. Recorded under ``key``, apart from
+        the throughput rounds, which a merge must not replace with rounds that have no pipeline in them
+        (the smoke run, which has no throughput rounds, records them as its step 4)."""
         out: dict[str, Any] = {}
         for size in sizes:
             data = produce(self.settings.kafka_bootstrap, size)
@@ -573,7 +575,7 @@ class Bench:
             finally:
                 delete_topics(self.settings.kafka_bootstrap, [data.topic])
             out[str(size)] = rounds
-        self.record("throughput", out)
+        self.record(key, out)
 
     # 5b.
     def runtime_memory(self, pipelines: int, epochs: int) -> None:
@@ -791,7 +793,7 @@ def main(argv: list[str] | None = None) -> int:
             "commit": all_steps["commit"],
             "s3_commit": lambda: bench.bucket_commit(commit_sizes),  # the s3 step's part without Spark
             "protocol": all_steps["protocol"],
-            "limit": lambda: bench.limit_only(sizes),
+            "limit": lambda: bench.limit_only(sizes, key="throughput"),
         }
     # runtime_memory runs only when asked for: at its default size it takes longer than all the rest; s3
     # too (make bench-s3): its Structured Streaming row needs the AWS SDK bundle (about 600 MB) first.
