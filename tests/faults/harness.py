@@ -34,7 +34,7 @@ from onceflow.faults import (
     PAUSE_DIR_ENV,
     crashed,
 )
-from onceflow.ledger import Ledger
+from onceflow.ledger import EpochStatus, Ledger, ParticipantStatus
 from onceflow.pipeline import Pipeline, load_pipeline
 from tests.faults import invariants
 from tests.faults.pipelines import records_pipeline, table_pipeline
@@ -324,6 +324,21 @@ class Scenario:
             if out.get("span") == 0:  # an epoch with nothing to read: no backlog either
                 return count
         raise HarnessError(f"{self.spec.name} did not catch up in {limit} epochs")
+
+    def epoch_status(self, number: int) -> EpochStatus:
+        """What the ledger says of epoch ``number`` now."""
+        with Ledger.connect(self.env["ONCEFLOW_LEDGER_URL"]) as ledger:
+            found = ledger.epoch(self.spec.name, number)
+        assert found is not None, f"epoch {number} of {self.spec.name} is not in the ledger"
+        return found.status
+
+    def sink_statuses(self, number: int) -> dict[str, set[ParticipantStatus]]:
+        """Per sink, the statuses of epoch ``number``'s participants in the ledger."""
+        found: dict[str, set[ParticipantStatus]] = {}
+        with Ledger.connect(self.env["ONCEFLOW_LEDGER_URL"]) as ledger:
+            for p in ledger.participants(self.spec.name, number):
+                found.setdefault(p.sink, set()).add(p.status)
+        return found
 
     def leftovers(self, pg: Any) -> list[str]:
         """What the protocol left behind: checked right after a fault's recovery, before catching up,

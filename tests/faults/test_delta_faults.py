@@ -25,14 +25,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 GOOD = 40
 
 
-def _participants(scenario: harness.Scenario, number: int) -> dict[str, set[ParticipantStatus]]:
-    with Ledger.connect(scenario.env["ONCEFLOW_LEDGER_URL"]) as ledger:
-        found: dict[str, set[ParticipantStatus]] = {}
-        for p in ledger.participants(scenario.spec.name, number):
-            found.setdefault(p.sink, set()).add(p.status)
-        return found
-
-
 def test_a_delta_commit_repeated_by_recovery_adds_no_version(
     settings: Settings, pg: Any, tmp_path: Path
 ) -> None:
@@ -51,14 +43,14 @@ def test_a_delta_commit_repeated_by_recovery_adds_no_version(
         # The Delta commit landed (every good record, once); the ledger knows of no committed participant.
         assert committed_epoch(DeltaTable(path), spec.name, "delta") == epoch.number
         assert sorted(invariants.delta_ids(spec, "delta")) == sorted(scenario.workload.good)
-        statuses = _participants(scenario, epoch.number)
+        statuses = scenario.sink_statuses(epoch.number)
         assert set(statuses) == set(harness.RECORDS_SINKS)
         assert all(s == {ParticipantStatus.PRECOMMITTED} for s in statuses.values()), statuses
         version = DeltaTable(path).version()
 
         scenario.must(scenario.run("recover"))
         assert DeltaTable(path).version() == version  # the repeated commit found its txn: no new version
-        assert _participants(scenario, epoch.number)["delta"] == {ParticipantStatus.COMMITTED}
+        assert scenario.sink_statuses(epoch.number)["delta"] == {ParticipantStatus.COMMITTED}
         assert scenario.leftovers(pg) == []
 
         scenario.workload.produce(settings.kafka_bootstrap, GOOD // 2)

@@ -178,11 +178,6 @@ def in_flight(scenario: harness.Scenario) -> Epoch:
     return epoch
 
 
-def epoch_status(scenario: harness.Scenario, number: int) -> EpochStatus:
-    with Ledger.connect(scenario.env["ONCEFLOW_LEDGER_URL"]) as ledger:
-        return ledger.epoch(scenario.spec.name, number).status
-
-
 def pg_participants(scenario: harness.Scenario, number: int) -> set[str]:
     """The gids of the PostgreSQL sink's participants the ledger accepted for the epoch."""
     with Ledger.connect(scenario.env["ONCEFLOW_LEDGER_URL"]) as ledger:
@@ -275,10 +270,10 @@ def test_postgres_killed_inside_commit_prepared(scenario_of: Any, pg_database: s
     assert {task_of(g) for g in before} <= done, (before, done)  # the earlier ones are durable
     assert {task_of(g) for g in gids} == done | {task_of(g) for g in left}  # each committed or prepared
     assert not done & {task_of(g) for g in left}
-    assert epoch_status(scenario, epoch.number) is EpochStatus.COMMITTING  # the decision survived
+    assert scenario.epoch_status(epoch.number) is EpochStatus.COMMITTING  # the decision survived
     recovered = finish(scenario, pg_database)
     assert f"epoch {epoch.number} committed" in recovered, recovered
-    assert epoch_status(scenario, epoch.number) is EpochStatus.COMMITTED
+    assert scenario.epoch_status(epoch.number) is EpochStatus.COMMITTED
 
 
 # The server that restarts holds the ledger too, or only the sink (the SQLite ledger is not touched).
@@ -317,7 +312,7 @@ def test_sink_postgres_restarted_while_participants_are_prepared(
         running.process.wait(timeout=30)
     recovered = finish(scenario, pg_database)
     assert decided or f"epoch {epoch.number} aborted" in recovered, recovered
-    final = epoch_status(scenario, epoch.number)
+    final = scenario.epoch_status(epoch.number)
     assert final is (EpochStatus.COMMITTED if decided else EpochStatus.ABORTED), (final, recovered)
     with psycopg.connect(pg_database, autocommit=True) as pg:
         assert prepared(pg, scenario, epoch.number) == set()

@@ -101,21 +101,6 @@ def _open_epoch(scenario: harness.Scenario) -> Any:
         return ledger.open_epoch(scenario.spec.name)
 
 
-def _status(scenario: harness.Scenario, number: int) -> EpochStatus:
-    with Ledger.connect(scenario.env["ONCEFLOW_LEDGER_URL"]) as ledger:
-        found = ledger.epoch(scenario.spec.name, number)
-    assert found is not None
-    return found.status
-
-
-def _participants(scenario: harness.Scenario, number: int) -> dict[str, set[ParticipantStatus]]:
-    with Ledger.connect(scenario.env["ONCEFLOW_LEDGER_URL"]) as ledger:
-        found: dict[str, set[ParticipantStatus]] = {}
-        for p in ledger.participants(scenario.spec.name, number):
-            found.setdefault(p.sink, set()).add(p.status)
-        return found
-
-
 def _entries_of(bucket: invariants.BucketTable, number: int) -> list[dict[str, Any]]:
     return [entry for _, entry in bucket.entries() if int(entry["epoch"]) == number]
 
@@ -152,7 +137,7 @@ def test_a_commit_repeated_by_recovery_adds_no_log_entry(scenario: harness.Scena
     # The entry is in the bucket and names every good record once; the ledger knows of no commit of it.
     (entry,) = _entries_of(bucket, epoch.number)
     assert sorted(bucket.ids()) == sorted(scenario.workload.good)
-    assert _participants(scenario, epoch.number)[SINK] == {ParticipantStatus.PRECOMMITTED}
+    assert scenario.sink_statuses(epoch.number)[SINK] == {ParticipantStatus.PRECOMMITTED}
     # Killed between the commit point and the markers' delete: the markers are still there.
     assert bucket.objects(f"{bucket.root}/_staging/{scenario.spec.name}") != []
     logged, written = bucket.entries(), _log_objects(bucket)
@@ -160,8 +145,8 @@ def test_a_commit_repeated_by_recovery_adds_no_log_entry(scenario: harness.Scena
     scenario.must(scenario.run("recover"))
     # The repeated commit found its entry: none added, none written again (same object, same time).
     assert bucket.entries() == logged and _log_objects(bucket) == written
-    assert _participants(scenario, epoch.number)[SINK] == {ParticipantStatus.COMMITTED}
-    assert _status(scenario, epoch.number) is EpochStatus.COMMITTED
+    assert scenario.sink_statuses(epoch.number)[SINK] == {ParticipantStatus.COMMITTED}
+    assert scenario.epoch_status(epoch.number) is EpochStatus.COMMITTED
     assert scenario.leftovers(pg) == []  # markers deleted, nothing unnamed
     assert entry["record_count"] == GOOD
     _caught_up_and_clean(scenario, pg, bucket)
@@ -182,12 +167,12 @@ def test_the_s3_server_killed_while_tasks_write(
     assert outcome.returncode in (1, 2), outcome.output  # failed: aborted, or left to recovery
     gateway.start()
     epoch = max(_epochs(scenario))
-    assert _status(scenario, epoch) in (EpochStatus.PLANNED, EpochStatus.ABORTING, EpochStatus.ABORTED)
+    assert scenario.epoch_status(epoch) in (EpochStatus.PLANNED, EpochStatus.ABORTING, EpochStatus.ABORTED)
     assert _entries_of(bucket, epoch) == []
     assert set(written) <= set(bucket.objects(bucket.root))  # nothing could delete them while it was down
 
     scenario.must(scenario.run("recover"))
-    assert _status(scenario, epoch) is EpochStatus.ABORTED
+    assert scenario.epoch_status(epoch) is EpochStatus.ABORTED
     assert scenario.leftovers(pg) == []  # the attempts' markers and data objects are gone
     _caught_up_and_clean(scenario, pg, bucket)
 
@@ -204,7 +189,7 @@ def test_the_s3_server_killed_between_the_decision_and_the_commit(
     epoch = _open_epoch(scenario)
     assert epoch is not None and epoch.status is EpochStatus.COMMITTING
     # The sinks before it in the commit order (delta, files) committed; it and the ones after did not.
-    assert _participants(scenario, epoch.number) == {
+    assert scenario.sink_statuses(epoch.number) == {
         sink: {ParticipantStatus.COMMITTED if sink < SINK else ParticipantStatus.PRECOMMITTED}
         for sink in harness.RECORDS_SINKS
     }
@@ -212,7 +197,7 @@ def test_the_s3_server_killed_between_the_decision_and_the_commit(
     assert _entries_of(bucket, epoch.number) == []  # the server died before the commit point
 
     scenario.must(scenario.run("recover"))
-    assert _status(scenario, epoch.number) is EpochStatus.COMMITTED
+    assert scenario.epoch_status(epoch.number) is EpochStatus.COMMITTED
     (entry,) = _entries_of(bucket, epoch.number)
     assert entry["record_count"] == GOOD
     assert sorted(bucket.ids()) == sorted(scenario.workload.good)
