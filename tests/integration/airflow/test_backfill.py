@@ -77,7 +77,9 @@ def _wait_for_runs(env: dict[str, str], count: int, timeout: float = 600) -> dic
 
 def _backfill(env: dict[str, str], start: datetime, end: datetime, *extra: str) -> str:
     """``airflow backfill create``; tried again when Airflow's SQLite metadata DB was locked by the
-    running scheduler (the command then rolls back and creates nothing)."""
+    running scheduler. A locked attempt may still have created the backfill before it failed: then the
+    backfill is there (not completed) and is not created twice."""
+    _, open_before = _runs(env)
     for _ in range(3):
         out = airflow(
             [
@@ -90,6 +92,8 @@ def _backfill(env: dict[str, str], start: datetime, end: datetime, *extra: str) 
         if "[exit 0]" in out or "database is locked" not in out:
             return out
         time.sleep(3)
+        if _runs(env)[1] > open_before:
+            return f"{out}\n(the locked attempt created the backfill all the same)\n[exit 0]"
     return out
 
 
