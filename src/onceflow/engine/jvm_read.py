@@ -15,7 +15,7 @@ source order. Which of the two a slice takes is `onceflow.engine.read_path`'s ch
   A record becomes a row in the JVM only when every check of `onceflow.engine.jvm_checks` passes; every
   other record crosses to Python in the same task (an Arrow UDF over `onceflow.executor.rejected`), where
   `RowDecoder` gives it its row or its dead letter with the reason, in its place.
-- **python** (`python_read`): every read task reads its range with the Python reader (`read_task`) and
+- **python** (`python_read`): every read task reads its range with the Python reader (`read_task_batches`) and
   decodes there.
 
 Nothing here caches or counts: the read runs inside the slice's write job.
@@ -31,9 +31,9 @@ from typing import Any
 from onceflow.decoding.records import spark_schema
 from onceflow.engine.jvm_avro import WriterPlan
 from onceflow.engine.jvm_checks import JsonChecks, avro_checked, json_accepted
-from onceflow.executor.arrow_rows import arrow_schema, row_batches
-from onceflow.executor.reading import read_task
-from onceflow.executor.rejected import RAW_COLUMNS, decode_rejected_column, with_dead_letters
+from onceflow.executor.arrow_rows import arrow_schema
+from onceflow.executor.reading import read_task_batches
+from onceflow.executor.rejected import RAW_COLUMNS, decode_rejected_column
 from onceflow.executor.slices import SliceRef
 from onceflow.offsets import OffsetRange
 from onceflow.pipeline import AvroFormat
@@ -44,18 +44,16 @@ DEAD_LETTER_COLUMN = "_onceflow_dead_letter"
 
 
 def python_read(spark: Any, ref: SliceRef, tasks: Sequence[ReadTask]) -> Any:
-    """The Python path: Spark task i reads read task i with the Python reader and decodes it; its rows
-    cross to the JVM as Arrow batches."""
+    """The Python path: Spark task i reads read task i with the Python reader and decodes it a fetched
+    batch at a time (`read_task_batches`); its rows cross to the JVM as Arrow batches."""
     schema = decoded_schema(ref)
     batch_schema = arrow_schema(schema)
-    width = len(schema.fields) - 1
     tasks = list(tasks)
 
     def read(batches: Iterable[Any]) -> Iterator[Any]:
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                items = read_task(ref, tasks[index])
-                yield from row_batches(with_dead_letters(items, width), batch_schema)
+                yield from read_task_batches(ref, tasks[index], batch_schema)
 
     return spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read, schema)
 

@@ -45,6 +45,7 @@ PRELOADED = (
     "pandas",
     "confluent_kafka",  # the Python reader's consumer (imported where a range is read)
     "msgspec.json",  # the typed JSON decoder (imported where a JSON format's decoder is built)
+    "pyarrow.json",  # Arrow's JSON reader, for the batches of flat JSON formats
     "onceflow.executor.reading",
     "onceflow.executor.rejected",
     "onceflow.executor.writing",

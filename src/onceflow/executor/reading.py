@@ -1,17 +1,26 @@
-"""Read task: exactly one range of committed records, decoded into rows or dead letters."""
+"""Read task: exactly one range of committed records, decoded into rows or dead letters.
+
+Two shapes of the same read: `read_task` yields a record at a time (the local executor holds a task in
+memory), `read_task_batches` yields Arrow record batches for a Spark task, decoding a fetched batch at a
+time with Arrow's JSON reader where it agrees with `RowDecoder` (`onceflow.decoding.arrow_json`), and
+record by record where it does not.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from onceflow.decoding.arrow_json import NativeJsonDecoder, native_fields
 from onceflow.decoding.avro_records import registry_for
-from onceflow.decoding.records import DeadLetter, RowDecoder
+from onceflow.decoding.records import DeadLetter, KafkaRecord, RowDecoder
+from onceflow.executor.arrow_rows import BATCH_ROWS, row_batches
+from onceflow.executor.rejected import with_dead_letters
 from onceflow.executor.slices import SliceRef
 from onceflow.faults import crash_point
-from onceflow.pipeline import AvroFormat
+from onceflow.pipeline import AvroFormat, JsonFormat
 from onceflow.sources.kafka_planning import ReadTask
-from onceflow.sources.kafka_range import read_range
+from onceflow.sources.kafka_range import read_range, read_range_batches
 
 
 def read_task(ref: SliceRef, task: ReadTask, decoder: RowDecoder | None = None) -> Iterator[Any]:
@@ -22,12 +31,81 @@ def read_task(ref: SliceRef, task: ReadTask, decoder: RowDecoder | None = None) 
     so that a replay records them again only for a new epoch.
     """
     decoder = decoder or task_decoder(ref)
-    middle = task.range.from_offset + (task.range.until_offset - task.range.from_offset) // 2
+    middle = _middle(task)
     for record in read_range(ref.bootstrap, task.range):
         if record.offset >= middle:
             crash_point("task_mid_read")
             middle = task.range.until_offset  # once per task
         yield decoder.decode(record)
+
+
+def read_task_batches(ref: SliceRef, task: ReadTask, schema: Any) -> Iterator[Any]:
+    """The task's records in offset order as Arrow record batches of ``schema`` (the row columns, then
+    the dead-letter column: the dead letter's JSON on a rejected record, null on a row), each record
+    once, in its place: what `read_task` yields, batch by batch."""
+    batch_decoder = BatchDecoder(task_decoder(ref), schema)
+    middle = _middle(task)
+    pending: list[KafkaRecord] = []
+    # Fetches stay small (a fetch of a whole batch waits for it instead of overlapping the decoding);
+    # decoding takes them BATCH_ROWS at a time.
+    for records in read_range_batches(ref.bootstrap, task.range):
+        if records[-1].offset >= middle:
+            crash_point("task_mid_read")
+            middle = task.range.until_offset  # once per task
+        pending += records
+        if len(pending) >= BATCH_ROWS:
+            yield from batch_decoder.decode(pending)
+            pending = []
+    if pending:
+        yield from batch_decoder.decode(pending)
+
+
+class BatchDecoder:
+    """Turns a batch of one task's records into Arrow record batches of the slice's ``schema`` (the row
+    columns of the decoder's format, then the dead-letter column): whole by Arrow's JSON reader where
+    the format and the batch allow it, else record by record through the task's `RowDecoder` (which
+    counts the dead letters it makes, across batches)."""
+
+    def __init__(self, decoder: RowDecoder, schema: Any) -> None:
+        fmt = decoder.fmt
+        self._decoder = decoder
+        self._schema = schema
+        self._width = len(schema) - 1  # the row columns, without the dead-letter column
+        self._types = [field.type for field in schema]
+        # The format's fields and its key come before the four Kafka columns (`row_columns`).
+        self._native = (
+            NativeJsonDecoder(fmt, decoder.max_record_bytes, list(schema)[: self._width - 4])
+            if isinstance(fmt, JsonFormat) and native_fields(fmt) is not None
+            else None
+        )
+
+    def decode(self, records: Sequence[KafkaRecord]) -> Iterator[Any]:
+        """Records of one partition, in offset order."""
+        import pyarrow as pa
+
+        columns = self._native.decode(records) if self._native is not None else None
+        if columns is None:
+            decoded = (self._decoder.decode(record) for record in records)
+            yield from row_batches(with_dead_letters(decoded, self._width), self._schema)
+            return
+        n, first = len(records), records[0]
+        topic, partition, offset, timestamp, dead_letter = self._types[-5:]
+        yield pa.RecordBatch.from_arrays(
+            [
+                *columns,
+                pa.repeat(pa.scalar(first.topic, topic), n),
+                pa.repeat(pa.scalar(first.partition, partition), n),
+                pa.array([r.offset for r in records], offset),
+                pa.array([r.timestamp for r in records], timestamp),
+                pa.nulls(n, dead_letter),
+            ],
+            schema=self._schema,
+        )
+
+
+def _middle(task: ReadTask) -> int:
+    """The offset at which a read passes the ``task_mid_read`` crash point."""
+    return task.range.from_offset + (task.range.until_offset - task.range.from_offset) // 2
 
 
 def task_decoder(ref: SliceRef) -> RowDecoder:

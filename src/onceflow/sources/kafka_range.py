@@ -36,6 +36,28 @@ def read_range(
     polling (time the caller spends between records does not count), and `OffsetsLost` when retention
     deleted the start of the range.
     """
+    for batch in read_range_batches(
+        bootstrap,
+        offset_range,
+        batch_size=batch_size,
+        poll_timeout_s=poll_timeout_s,
+        stall_timeout_s=stall_timeout_s,
+        config=config,
+    ):
+        yield from batch
+
+
+def read_range_batches(
+    bootstrap: str,
+    offset_range: OffsetRange,
+    *,
+    batch_size: int = 500,
+    poll_timeout_s: float = 0.1,
+    stall_timeout_s: float = 60.0,
+    config: Mapping[str, Any] | None = None,
+) -> Iterator[list[KafkaRecord]]:
+    """`read_range` as the lists of records each fetch delivers (up to ``batch_size``, none empty), for
+    a reader that decodes a batch at a time."""
     if batch_size < 1 or poll_timeout_s <= 0 or stall_timeout_s <= 0:
         raise ValueError("batch_size, poll_timeout_s and stall_timeout_s must be positive")
     if offset_range.is_empty:
@@ -70,7 +92,7 @@ def read_range(
             messages = consumer.consume(num_messages=wanted, timeout=poll_timeout_s)
             polled_s = time.monotonic() - started
             reached_end = False
-            delivered = False
+            batch: list[KafkaRecord] = []
             for message in messages:
                 error = message.error()
                 if error is not None:
@@ -86,12 +108,13 @@ def read_range(
                 if offset >= until:
                     reached_end = True
                     break
-                delivered = True
-                yield _record(message, TIMESTAMP_NOT_AVAILABLE)
+                batch.append(_record(message, TIMESTAMP_NOT_AVAILABLE))
+            if batch:
+                yield batch
             current = _position(consumer, TopicPartition(topic, partition))
             if reached_end or current >= until:
                 return
-            if current > position or delivered:
+            if current > position or batch:
                 position = max(position, current)
                 stalled_s = 0.0
             else:
