@@ -102,10 +102,13 @@ def bench_pipeline(
     output_topic: str | None = None,
     fmt: RecordFormat | None = None,
     transform: str | None = None,
+    max_records_per_task: int | None = None,
 ) -> Pipeline:
     """``fmt``: the data set's format where it is not the flat JSON one (the Avro step's Avro, the
-    nested step's JSON), with its ``transform``."""
+    nested step's JSON), with its ``transform``; ``max_records_per_task``: the pipeline's default unless
+    given (the cuts step sets it)."""
     guarantee = SINKS[config][0]
+    tasks = {} if max_records_per_task is None else {"max_records_per_task": max_records_per_task}
     return Pipeline(
         name=name,
         source=KafkaSource(topics=(topic,)),
@@ -114,6 +117,7 @@ def bench_pipeline(
         sinks=(sink_spec(config, name, workdir, output_topic),),
         guarantee=guarantee,
         max_records_per_partition=batch_per_partition,
+        **tasks,
     )
 
 

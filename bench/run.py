@@ -577,6 +577,37 @@ class Bench:
             out[str(size)] = rounds
         self.record(key, out)
 
+    # 4f.
+    def cuts(self, sizes: tuple[int, ...]) -> None:
+        """The cuts toward the machine's limit, each beside the code before it (`bench.cuts`), on the
+        largest of ``sizes``."""
+        from bench import cuts
+
+        size = max(sizes)
+        data = produce(self.settings.kafka_bootstrap, size)
+        say(f"data set: {size} records in {data.topic} (produced in {data.produce_s:.1f}s)")
+        try:
+            out = {
+                "records": size,
+                "read_task": cuts.read_task_rounds(self.settings, data, self.workdir, self.runs, say),
+                "task_size": self._rounds(
+                    f"task size, {size} records",
+                    {
+                        f"tasks_{records}": partial(self._task_size_run, data, records)
+                        for records in cuts.TASK_SIZES
+                    },
+                    cuts.task_size_summary,
+                    alternate=True,
+                ),
+            }
+        finally:
+            delete_topics(self.settings.kafka_bootstrap, [data.topic])
+        self.record("cuts", {str(size): out})
+
+    def _task_size_run(self, data: Dataset, records: int) -> dict[str, Any]:
+        run = self._pipeline("files", data, self.settings, BATCH_PER_PARTITION, max_records_per_task=records)
+        return run.to_dict()
+
     # 5b.
     def runtime_memory(self, pipelines: int, epochs: int) -> None:
         """The warm runtime's memory over many distinct pipelines (`bench.runtime_memory`)."""
@@ -625,6 +656,7 @@ class Bench:
         remote: str | bool | None = True,
         fmt: RecordFormat | None = None,
         transform: str | None = None,
+        max_records_per_task: int | None = None,
     ) -> PipelineRun:
         """``remote``: True for the bench's runtime (the warm one when set), else the server or None.
         ``fmt``: the format of an Avro or nested data set (flat JSON otherwise), with its ``transform``."""
@@ -640,6 +672,7 @@ class Bench:
             batch_per_partition=batch_per_partition,
             fmt=fmt,
             transform=transform,
+            max_records_per_task=max_records_per_task,
         )
         records = min(stop_after or data.records, data.records)
         server = self.remote if remote is True else (remote or None)
@@ -712,8 +745,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps",
         help="comma-separated subset of: startup,overhead,latency,follow,jobs,airflow,commit,"
-        "protocol,throughput,avro,nested,nested_avro,delta,s3,memory,runtime_memory,limit (default: all "
-        "but s3, runtime_memory and limit)",
+        "protocol,throughput,avro,nested,nested_avro,delta,s3,memory,runtime_memory,limit,cuts (default: "
+        "all but s3, runtime_memory, limit and cuts)",
     )
     parser.add_argument(
         "--runtime-pipelines", type=int, default=100, help="distinct pipelines of the runtime_memory step"
@@ -787,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory": lambda: bench.memory(max(sizes)),
         "runtime_memory": lambda: bench.runtime_memory(args.runtime_pipelines, args.runtime_epochs),
         "limit": lambda: bench.limit_only(sizes),
+        "cuts": lambda: bench.cuts(sizes),
     }
     if args.smoke:
         all_steps = {
@@ -798,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
     # runtime_memory runs only when asked for: at its default size it takes longer than all the rest; s3
     # too (make bench-s3): its Structured Streaming row needs the AWS SDK bundle (about 600 MB) first.
     # limit only on request too: the throughput step measures the same figures beside the pipelines.
-    on_request = () if args.smoke else ("s3", "runtime_memory", "limit")
+    on_request = () if args.smoke else ("s3", "runtime_memory", "limit", "cuts")
     chosen = args.steps.split(",") if args.steps else [s for s in all_steps if s not in on_request]
     unknown = sorted(set(chosen) - set(all_steps))
     if unknown:
