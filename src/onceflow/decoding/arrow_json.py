@@ -143,8 +143,9 @@ def _lines_are_records(joined: bytes, values: Sequence[bytes], n: int, longest: 
     """Whether each line of ``joined`` is one whole record that Arrow reads as the exact decoder does,
     as far as the bytes tell (see the module's list). A search for one byte is many times faster than
     one for a few, so the rarer patterns are looked for only where their first byte occurs."""
-    # Arrow skips blank lines: a record must start its line with "{", and hold no newline.
-    if joined.count(b"\n") != n - 1 or joined[:1] != b"{" or joined.count(b"\n{") != n - 1:
+    # Arrow skips blank lines: every record must start with "{" (the least and the greatest of them do,
+    # so all do, and none is empty), and hold no newline.
+    if min(values)[:1] != b"{" or max(values)[:1] != b"{" or joined.count(b"\n") != n - 1:
         return False
     try:
         joined.decode("utf-8")
