@@ -122,10 +122,15 @@ def write_durably(path: Path, data: bytes) -> None:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+        return sha256_of(f)
+
+
+def sha256_of(f: Any) -> str:
+    """The SHA-256 of what a binary file-like object holds from where it stands, read in blocks."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 
@@ -215,11 +220,8 @@ class StagingArea(ABC, Generic[Location]):
 
     def checksum(self, location: Location) -> str:
         """The SHA-256 of a staged file, read in blocks."""
-        digest = hashlib.sha256()
         with self.open_input(location) as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
+            return sha256_of(f)
 
     @abstractmethod
     def remove(self, folder: Location) -> None:
@@ -295,9 +297,6 @@ class LocalStaging(StagingArea[Path]):
 
     def open_input(self, location: Path) -> contextlib.AbstractContextManager[Any]:
         return open(location, "rb")
-
-    def checksum(self, location: Path) -> str:
-        return sha256_file(location)
 
     def remove(self, folder: Path) -> None:
         """Delete an attempt folder, then prune its emptied parents up to the pipeline folder."""
