@@ -140,7 +140,7 @@ unit: venv
 	@PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 $(BENCH_STAMP): $(STAMP)
-	@echo "[onceflow] installing the bench extra (matplotlib, psutil)" >&2
+	@echo "[onceflow] installing the bench extra (matplotlib, psutil, py-spy)" >&2
 	@$(BIN)/python -m pip install -q -c constraints.txt -e ".[spark,airflow,dev,bench]"
 	@touch $(BENCH_STAMP)
 

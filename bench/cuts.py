@@ -1,9 +1,10 @@
 """Cuts toward the machine's limit, each measured beside the code before it, in alternating rounds.
 
 - **Batches** (`read_task`): one read task's Python work, record by record as the Python read path did
-  before (a `RowDecoder` call, a row tuple and a generator step per record, then a transposition into
-  Arrow columns) against a fetched batch at a time (`read_task_batches`: Arrow's JSON reader where it
-  agrees with the record-by-record decoder). One read task of 250,000 records of the data set's first
+  before (a record object, a `RowDecoder` call, a row tuple and a generator step per record, then a
+  transposition into Arrow columns) against a fetched batch at a time (`read_task_batches`: the
+  batch's columns read straight from the Kafka client's messages, Arrow's JSON reader where it agrees
+  with the record-by-record decoder). One read task of 250,000 records of the data set's first
   partition, in the bench's process, so that the figure is the Python worker's own work without Spark.
 - **Larger read tasks** (`task_size`): the files pipeline end to end on the runtime, its read tasks
   50,000 offsets long (the earlier default) against 250,000 (the default now), every epoch 10^6

@@ -343,6 +343,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _throughput_section(results)
     lines += _machine_limit_section(results)
     lines += _cuts_section(results)
+    lines += _profile_section(results)
     lines += _avro_section(results)
     lines += _nested_section(results)
     lines += _nested_avro_section(results)
@@ -609,7 +610,9 @@ def _cuts_section(results: dict[str, Any]) -> list[str]:
             records = reads[0]["records"]
             lines.append(
                 _cut_row(
-                    "a fetched batch at a time, Arrow's JSON reader where it agrees (was: record by record)",
+                    "a fetched batch at a time: its columns read from the client's messages, Arrow's "
+                    "JSON reader where it agrees (was: a record object, a decoder call and a row tuple "
+                    "per record)",
                     f"one read task's Python work, {records:,} records, in one process",
                     reads,
                     "record_by_record",
@@ -632,6 +635,51 @@ def _cuts_section(results: dict[str, Any]) -> list[str]:
                 )
             )
     return [*lines, ""]
+
+
+def _profile_section(results: dict[str, Any]) -> list[str]:
+    """Where the files pipeline's time goes (``--steps profile``, `bench.profile`)."""
+    profiles = results.get("profile")
+    if not profiles:
+        return []
+    lines = [
+        "## Where the time goes (files pipeline, CPU by part)",
+        "",
+        "One run of the files pipeline with every process's CPU read from /proc (the runtime's Python "
+        "workers followed through their daemon every 20 ms), then, where py-spy is installed, a second run "
+        "with py-spy sampling the workers (`--steps profile`, `bench/profile.py`). µs per record is CPU "
+        "time over the records; the share of the cores is CPU time over the run's wall time on all cores.",
+        "",
+    ]
+    for size, out in sorted(profiles.items(), key=lambda kv: int(kv[0])):
+        records, cores = out["records"], out["cores"]
+        lines += [
+            f"{int(size):,} records at {_fmt(out['records_per_s'])} records/s, {out['wall_s']:.1f} s on "
+            f"{cores} cores ({out['runtime']}); {out['workers']} Python workers seen:",
+            "",
+            "| part | CPU s | µs per record | share of the cores |",
+            "| --- | --- | --- | --- |",
+        ]
+        spent = sorted(out["cpu_s"].items(), key=lambda kv: -kv[1])
+        for part, cpu in [*spent, ("all", sum(out["cpu_s"].values()))]:
+            lines.append(
+                f"| {part} | {cpu:.1f} | {cpu / records * 1e6:.2f} | {cpu / (out['wall_s'] * cores):.0%} |"
+            )
+        shares = out.get("worker_shares")
+        if shares:
+            workers_us = out["cpu_s"].get("python workers", 0.0) / records * 1e6
+            lines += [
+                "",
+                "The Python workers' CPU by part (py-spy's samples; µs per record from their CPU above):",
+                "",
+                "| part of the workers | share of their samples | µs per record |",
+                "| --- | --- | --- |",
+            ]
+            lines += [
+                f"| {part} | {share:.1%} | {share * workers_us:.2f} |" for part, share in shares.items()
+            ]
+        lines.append("")
+    return lines
 
 
 def _cut_row(cut: str, where: str, rounds: list[dict[str, Any]], before: str, after: str) -> str:

@@ -604,6 +604,20 @@ class Bench:
             delete_topics(self.settings.kafka_bootstrap, [data.topic])
         self.record("cuts", {str(size): out})
 
+    # 4g.
+    def profile(self, sizes: tuple[int, ...]) -> None:
+        """Where the files pipeline's time goes (`bench.profile`), at the largest of ``sizes``."""
+        from bench import profile
+
+        size = max(sizes)
+        data = produce(self.settings.kafka_bootstrap, size)
+        say(f"data set: {size} records in {data.topic} (produced in {data.produce_s:.1f}s)")
+        try:
+            out = profile.measure(lambda: self._sink_run("files", data), size, self.workdir, say)
+        finally:
+            delete_topics(self.settings.kafka_bootstrap, [data.topic])
+        self.record("profile", {str(size): out | {"runtime": self.runtime}})
+
     def _task_size_run(self, data: Dataset, records: int) -> dict[str, Any]:
         run = self._pipeline("files", data, self.settings, BATCH_PER_PARTITION, max_records_per_task=records)
         return run.to_dict()
@@ -745,8 +759,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps",
         help="comma-separated subset of: startup,overhead,latency,follow,jobs,airflow,commit,"
-        "protocol,throughput,avro,nested,nested_avro,delta,s3,memory,runtime_memory,limit,cuts (default: "
-        "all but s3, runtime_memory, limit and cuts)",
+        "protocol,throughput,avro,nested,nested_avro,delta,s3,memory,runtime_memory,limit,cuts,profile "
+        "(default: all but s3, runtime_memory, limit, cuts and profile)",
     )
     parser.add_argument(
         "--runtime-pipelines", type=int, default=100, help="distinct pipelines of the runtime_memory step"
@@ -821,6 +835,7 @@ def main(argv: list[str] | None = None) -> int:
         "runtime_memory": lambda: bench.runtime_memory(args.runtime_pipelines, args.runtime_epochs),
         "limit": lambda: bench.limit_only(sizes),
         "cuts": lambda: bench.cuts(sizes),
+        "profile": lambda: bench.profile(sizes),
     }
     if args.smoke:
         all_steps = {
@@ -832,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
     # runtime_memory runs only when asked for: at its default size it takes longer than all the rest; s3
     # too (make bench-s3): its Structured Streaming row needs the AWS SDK bundle (about 600 MB) first.
     # limit only on request too: the throughput step measures the same figures beside the pipelines.
-    on_request = () if args.smoke else ("s3", "runtime_memory", "limit", "cuts")
+    on_request = () if args.smoke else ("s3", "runtime_memory", "limit", "cuts", "profile")
     chosen = args.steps.split(",") if args.steps else [s for s in all_steps if s not in on_request]
     unknown = sorted(set(chosen) - set(all_steps))
     if unknown:

@@ -21,7 +21,7 @@ from onceflow.decoding.arrow_json import NativeJsonDecoder, native_fields
 from onceflow.decoding.records import KafkaRecord, RowDecoder, spark_schema
 from onceflow.decoding.typed_json import MAX_OPENINGS
 from onceflow.executor.arrow_rows import arrow_schema, row_batches
-from onceflow.executor.reading import BatchDecoder
+from onceflow.executor.reading import BatchDecoder, RecordList
 from onceflow.executor.rejected import with_dead_letters
 from onceflow.pipeline import JsonFormat
 from tests.unit.test_typed_json import _KEYS, _VALUES, EDGES, FMT, KEYED
@@ -65,7 +65,11 @@ def normal(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def decoded(fmt: JsonFormat, batch: list[KafkaRecord], limit: int = 1_000_000) -> tuple[list[Any], list[Any]]:
     """(the batch path's rows, the record-by-record path's rows) of ``batch``."""
     schema = batch_schema(fmt)
-    got = [r for b in BatchDecoder(RowDecoder(fmt, limit), schema).decode(batch) for r in b.to_pylist()]
+    got = [
+        r
+        for b in BatchDecoder(RowDecoder(fmt, limit), schema).decode(RecordList(batch))
+        for r in b.to_pylist()
+    ]
     one = RowDecoder(fmt, limit)
     items = (one.decode(record) for record in batch)
     want = [r for b in row_batches(with_dead_letters(items, len(schema) - 1), schema) for r in b.to_pylist()]
@@ -79,7 +83,10 @@ def assert_same(fmt: JsonFormat, batch: list[KafkaRecord], limit: int = 1_000_00
 
 def native_answers(fmt: JsonFormat, batch: list[KafkaRecord], limit: int = 1_000_000) -> bool:
     fields = list(batch_schema(fmt))[: len(fmt.schema) + (fmt.key_field is not None)]
-    return NativeJsonDecoder(fmt, limit, fields).decode(batch) is not None
+    return (
+        NativeJsonDecoder(fmt, limit, fields).decode([r.value for r in batch], [r.key for r in batch])
+        is not None
+    )
 
 
 @pytest.mark.parametrize("value", EDGES)
@@ -160,7 +167,8 @@ def test_dead_letters_are_counted_across_batches_as_record_by_record() -> None:
     batch = records([b"not json", ORDINARY] * 60)
     schema = batch_schema(FMT)
     decoder = BatchDecoder(RowDecoder(FMT, 1_000_000), schema)
-    got = [r for part in (batch[:50], batch[50:]) for b in decoder.decode(part) for r in b.to_pylist()]
+    parts = (RecordList(batch[:50]), RecordList(batch[50:]))
+    got = [r for part in parts for b in decoder.decode(part) for r in b.to_pylist()]
     _, want = decoded(FMT, batch)
     assert normal(got) == want
 

@@ -189,3 +189,43 @@ def test_each_cut_is_shown_beside_the_code_before_it_with_the_ratio_of_each_roun
     assert "250,000 records" in batches
     assert "read tasks of 250,000 offsets (was 50,000)" in tasks and "| 1.50×" in tasks
     assert "epochs of 1,000,000" in tasks
+
+
+def test_the_profile_puts_each_worker_sample_in_its_first_part_and_reports_cpu_per_record(
+    tmp_path: Any,
+) -> None:
+    from bench.profile import DAEMON_PART, worker_shares
+    from bench.report import _profile_section
+
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        "worker (pyspark/daemon.py:82);read (onceflow/engine/jvm_read.py:56);read_range_batches (x.py:92) 6\n"
+        "worker (pyspark/daemon.py:82);BatchDecoder.decode (r.py:86);NativeJsonDecoder.decode (a.py:115) 3\n"
+        "worker (pyspark/daemon.py:82);write_task_sinks (w.py:1);write_table (pyarrow/parquet/core.py:1) 2\n"
+        "manager (pyspark/daemon.py:163) 1\n"
+    )
+    shares = worker_shares(raw)
+    assert shares == {
+        "read: the Kafka fetch (consume, the offsets' loop, a tuple per record)": 0.5,
+        "read: Arrow's JSON reader over a batch, with its checks": 0.25,
+        "write: Parquet encoding and writing": 2 / 12,
+        DAEMON_PART: 1 / 12,
+    }
+    results = {
+        "profile": {
+            "10000000": {
+                "records": 10_000_000,
+                "records_per_s": 400_000.0,
+                "wall_s": 25.0,
+                "cores": 2,
+                "cpu_s": {"python workers": 20.0, "Kafka broker": 5.0},
+                "workers": 80,
+                "runtime": "lean",
+                "worker_shares": shares,
+            }
+        }
+    }
+    text = "\n".join(_profile_section(results))
+    assert "| python workers | 20.0 | 2.00 | 40% |" in text
+    assert "| all | 25.0 | 2.50 | 50% |" in text
+    assert "| read: the Kafka fetch (consume, the offsets' loop, a tuple per record) | 50.0% | 1.00 |" in text

@@ -43,8 +43,6 @@ from onceflow.schemas.types import Primitive, parse_type
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from onceflow.decoding.records import KafkaRecord
-
 # A bare Inf or NaN after a colon, a comma or a bracket: Arrow's parser reads Inf (and NaN) as numbers.
 # The same letters inside a string only cost the batch the record-by-record path.
 _LENIENT_TOKEN = re.compile(rb"[:,\[]\s*-?(?:Inf|NaN)")
@@ -88,14 +86,12 @@ class NativeJsonDecoder:
         )
         self._pa, self._pc, self._pj = pa, pc, pj
 
-    def decode(self, records: Sequence[KafkaRecord]) -> list[pa.Array] | None:
-        """The batch's columns (the format's fields, then its key), one value per record in order; None
-        when the batch must go record by record."""
-        pa, n = self._pa, len(records)
-        values = [r.value for r in records]
+    def decode(self, values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> list[pa.Array] | None:
+        """The columns (the format's fields, then its key) of the records whose values and keys these
+        are, one value per record in order; None when the batch must go record by record."""
+        pa, n = self._pa, len(values)
         if n == 0 or None in values:
             return None
-        keys = [r.key for r in records]
         longest = max(map(len, values))  # type: ignore[arg-type]  # no None: checked above
         if longest + max(map(len, filter(None, keys)), default=0) > self._limit and any(
             len(v) + len(k or b"") > self._limit  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ record by record where it does not.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from onceflow.decoding.arrow_json import NativeJsonDecoder, native_fields
 from onceflow.decoding.avro_records import registry_for
@@ -20,7 +20,7 @@ from onceflow.executor.slices import SliceRef
 from onceflow.faults import crash_point
 from onceflow.pipeline import AvroFormat, JsonFormat
 from onceflow.sources.kafka_planning import ReadTask
-from onceflow.sources.kafka_range import read_range, read_range_batches
+from onceflow.sources.kafka_range import Fetched, read_range, read_range_batches
 
 
 def read_task(ref: SliceRef, task: ReadTask, decoder: RowDecoder | None = None) -> Iterator[Any]:
@@ -45,19 +45,61 @@ def read_task_batches(ref: SliceRef, task: ReadTask, schema: Any) -> Iterator[An
     once, in its place: what `read_task` yields, batch by batch."""
     batch_decoder = BatchDecoder(task_decoder(ref), schema)
     middle = _middle(task)
-    pending: list[KafkaRecord] = []
+    pending: list[Fetched] = []
+    waiting = 0
     # Fetches stay small (a fetch of a whole batch waits for it instead of overlapping the decoding);
     # decoding takes them BATCH_ROWS at a time.
-    for records in read_range_batches(ref.bootstrap, task.range):
-        if records[-1].offset >= middle:
+    for fetched in read_range_batches(ref.bootstrap, task.range):
+        if fetched.offsets()[-1] >= middle:
             crash_point("task_mid_read")
             middle = task.range.until_offset  # once per task
-        pending += records
-        if len(pending) >= BATCH_ROWS:
-            yield from batch_decoder.decode(pending)
-            pending = []
+        pending.append(fetched)
+        waiting += len(fetched)
+        if waiting >= BATCH_ROWS:
+            yield from batch_decoder.decode(Fetched.joined(pending))
+            pending, waiting = [], 0
     if pending:
-        yield from batch_decoder.decode(pending)
+        yield from batch_decoder.decode(Fetched.joined(pending))
+
+
+class Records(Protocol):
+    """Consecutive records of one partition, read as columns or as records (`Fetched` is one)."""
+
+    topic: str
+    partition: int
+
+    def __len__(self) -> int: ...
+    def offsets(self) -> list[int]: ...
+    def values(self) -> list[bytes | None]: ...
+    def keys(self) -> list[bytes | None]: ...
+    def timestamps(self) -> list[int | None]: ...
+    def records(self) -> list[KafkaRecord]: ...
+
+
+class RecordList:
+    """`Records` over records already made (what the local executor and the tests hold)."""
+
+    def __init__(self, records: Sequence[KafkaRecord]) -> None:
+        self._records = list(records)
+        self.topic, self.partition = self._records[0].topic, self._records[0].partition
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def offsets(self) -> list[int]:
+        return [r.offset for r in self._records]
+
+    def values(self) -> list[bytes | None]:
+        return [r.value for r in self._records]
+
+    def keys(self) -> list[bytes | None]:
+        return [r.key for r in self._records]
+
+    def timestamps(self) -> list[int | None]:
+        return [r.timestamp for r in self._records]
+
+    def records(self) -> list[KafkaRecord]:
+        return self._records
 
 
 class BatchDecoder:
@@ -79,24 +121,24 @@ class BatchDecoder:
             else None
         )
 
-    def decode(self, records: Sequence[KafkaRecord]) -> Iterator[Any]:
+    def decode(self, batch: Records) -> Iterator[Any]:
         """Records of one partition, in offset order."""
         import pyarrow as pa
 
-        columns = self._native.decode(records) if self._native is not None else None
+        columns = self._native.decode(batch.values(), batch.keys()) if self._native is not None else None
         if columns is None:
-            decoded = (self._decoder.decode(record) for record in records)
+            decoded = (self._decoder.decode(record) for record in batch.records())
             yield from row_batches(with_dead_letters(decoded, self._width), self._schema)
             return
-        n, first = len(records), records[0]
+        n = len(batch)
         topic, partition, offset, timestamp, dead_letter = self._types[-5:]
         yield pa.RecordBatch.from_arrays(
             [
                 *columns,
-                pa.repeat(pa.scalar(first.topic, topic), n),
-                pa.repeat(pa.scalar(first.partition, partition), n),
-                pa.array([r.offset for r in records], offset),
-                pa.array([r.timestamp for r in records], timestamp),
+                pa.repeat(pa.scalar(batch.topic, topic), n),
+                pa.repeat(pa.scalar(batch.partition, partition), n),
+                pa.array(batch.offsets(), offset),
+                pa.array(batch.timestamps(), timestamp),
                 pa.nulls(n, dead_letter),
             ],
             schema=self._schema,

@@ -12,8 +12,9 @@ the consumer group, owns the positions.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, cast
 
 from onceflow.decoding.records import KafkaRecord
 from onceflow.offsets import OffsetRange
@@ -44,7 +45,7 @@ def read_range(
         stall_timeout_s=stall_timeout_s,
         config=config,
     ):
-        yield from batch
+        yield from batch.records()
 
 
 def read_range_batches(
@@ -55,9 +56,9 @@ def read_range_batches(
     poll_timeout_s: float = 0.1,
     stall_timeout_s: float = 60.0,
     config: Mapping[str, Any] | None = None,
-) -> Iterator[list[KafkaRecord]]:
-    """`read_range` as the lists of records each fetch delivers (up to ``batch_size``, none empty), for
-    a reader that decodes a batch at a time."""
+) -> Iterator[Fetched]:
+    """`read_range` as what each fetch delivers (up to ``batch_size`` records, never none), for a reader
+    that decodes a batch at a time."""
     if batch_size < 1 or poll_timeout_s <= 0 or stall_timeout_s <= 0:
         raise ValueError("batch_size, poll_timeout_s and stall_timeout_s must be positive")
     if offset_range.is_empty:
@@ -91,24 +92,28 @@ def read_range_batches(
             wanted = max(1, min(batch_size, until - max(position, offset_range.from_offset)))
             messages = consumer.consume(num_messages=wanted, timeout=poll_timeout_s)
             polled_s = time.monotonic() - started
-            reached_end = False
-            batch: list[KafkaRecord] = []
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
+            # Most fetches hold records only: their errors and offsets are read in one pass each.
+            good = messages
+            if any(message.error() is not None for message in messages):
+                good = []
+                for message in messages:
+                    error = message.error()
+                    if error is None:
+                        good.append(message)
+                    elif error.code() == KafkaError._PARTITION_EOF:
                         continue
-                    if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                    elif error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                         low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
                         raise OffsetsLost((SkippedOffsets(topic, partition, position, low),))
-                    raise RangeReadError(f"reading {offset_range} failed at offset {position}: {error}")
-                offset = message.offset()
-                if offset is None:
-                    raise RangeReadError(f"reading {offset_range}: a record without an offset")
-                if offset >= until:
-                    reached_end = True
-                    break
-                batch.append(_record(message, TIMESTAMP_NOT_AVAILABLE))
+                    else:
+                        raise RangeReadError(f"reading {offset_range} failed at offset {position}: {error}")
+            found: list[int | None] = [message.offset() for message in good]
+            if None in found:
+                raise RangeReadError(f"reading {offset_range}: a record without an offset")
+            offsets = cast(list[int], found)
+            within = bisect_left(offsets, until)  # a partition's offsets only grow
+            reached_end = within < len(good)
+            batch = Fetched(topic, partition, good[:within], offsets[:within], TIMESTAMP_NOT_AVAILABLE)
             if batch:
                 yield batch
             current = _position(consumer, TopicPartition(topic, partition))
@@ -148,6 +153,49 @@ def prefetch_config(offset_range: OffsetRange) -> dict[str, int]:
         "queued.max.messages.kbytes": PREFETCH_KBYTES,
         "fetch.queue.backoff.ms": QUEUE_BACKOFF_MS,
     }
+
+
+class Fetched:
+    """The records of one partition that one or more fetches delivered, in offset order, kept as the
+    client's messages: a reader that takes columns reads each from them (`values`, `keys`, ...) without
+    an object per record, and `records` makes the records where one is needed."""
+
+    __slots__ = ("_no_timestamp", "_offsets", "messages", "partition", "topic")
+
+    def __init__(
+        self, topic: str, partition: int, messages: list[Any], offsets: list[int], no_timestamp: int
+    ) -> None:
+        self.topic, self.partition = topic, partition
+        self.messages, self._offsets, self._no_timestamp = messages, offsets, no_timestamp
+
+    @classmethod
+    def joined(cls, batches: Iterable[Fetched]) -> Fetched:
+        """Consecutive batches of one partition as one."""
+        batches = list(batches)
+        first = batches[0]
+        messages = [m for b in batches for m in b.messages]
+        offsets = [o for b in batches for o in b._offsets]
+        return cls(first.topic, first.partition, messages, offsets, first._no_timestamp)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def offsets(self) -> list[int]:
+        return self._offsets
+
+    def values(self) -> list[bytes | None]:
+        return [m.value() for m in self.messages]
+
+    def keys(self) -> list[bytes | None]:
+        return [m.key() for m in self.messages]
+
+    def timestamps(self) -> list[int | None]:
+        """In ms; None where the broker has none."""
+        none = self._no_timestamp
+        return [None if kind == none else at for kind, at in (m.timestamp() for m in self.messages)]
+
+    def records(self) -> list[KafkaRecord]:
+        return [_record(m, self._no_timestamp) for m in self.messages]
 
 
 def _position(consumer: Any, partition: Any) -> int:
