@@ -36,7 +36,7 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 # The workers' parts, in the order a sample is tried against them: (part, frame names).
 WORKER_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("read: the Kafka fetch (consume, the offsets' loop, a tuple per record)", ("read_range_batches",)),
+    ("read: the Kafka fetch (consume, one pass each for errors and offsets)", ("read_range_batches",)),
     ("read: Arrow's JSON reader over a batch, with its checks", ("NativeJsonDecoder", "_lines_are_records")),
     ("read: record by record (batches Arrow's reader left)", ("RowDecoder",)),
     ("read: the batch's Kafka columns", ("BatchDecoder.decode", "read_task_batches")),

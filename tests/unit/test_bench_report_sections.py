@@ -206,7 +206,7 @@ def test_the_profile_puts_each_worker_sample_in_its_first_part_and_reports_cpu_p
     )
     shares = worker_shares(raw)
     assert shares == {
-        "read: the Kafka fetch (consume, the offsets' loop, a tuple per record)": 0.5,
+        "read: the Kafka fetch (consume, one pass each for errors and offsets)": 0.5,
         "read: Arrow's JSON reader over a batch, with its checks": 0.25,
         "write: Parquet encoding and writing": 2 / 12,
         DAEMON_PART: 1 / 12,
@@ -228,4 +228,4 @@ def test_the_profile_puts_each_worker_sample_in_its_first_part_and_reports_cpu_p
     text = "\n".join(_profile_section(results))
     assert "| python workers | 20.0 | 2.00 | 40% |" in text
     assert "| all | 25.0 | 2.50 | 50% |" in text
-    assert "| read: the Kafka fetch (consume, the offsets' loop, a tuple per record) | 50.0% | 1.00 |" in text
+    assert "| read: the Kafka fetch (consume, one pass each for errors and offsets) | 50.0% | 1.00 |" in text
