@@ -22,29 +22,15 @@ from onceflow.sources.errors import OffsetsLost, RangeReadError, RangeReadTimeou
 from onceflow.sources.kafka_clients import kafka_config
 
 
-def read_range(
-    bootstrap: str,
-    offset_range: OffsetRange,
-    *,
-    batch_size: int = 500,
-    poll_timeout_s: float = 0.1,
-    stall_timeout_s: float = 60.0,
-    config: Mapping[str, Any] | None = None,
-) -> Iterator[KafkaRecord]:
-    """Yield the committed records with ``from_offset <= offset < until_offset``, in offset order.
+def read_range(bootstrap: str, offset_range: OffsetRange, **options: Any) -> Iterator[KafkaRecord]:
+    """Yield the committed records with ``from_offset <= offset < until_offset``, in offset order
+    (``options``: `read_range_batches`'s).
 
     Raises `RangeReadTimeout` when the position does not advance for ``stall_timeout_s`` seconds of
     polling (time the caller spends between records does not count), and `OffsetsLost` when retention
     deleted the start of the range.
     """
-    for batch in read_range_batches(
-        bootstrap,
-        offset_range,
-        batch_size=batch_size,
-        poll_timeout_s=poll_timeout_s,
-        stall_timeout_s=stall_timeout_s,
-        config=config,
-    ):
+    for batch in read_range_batches(bootstrap, offset_range, **options):
         yield from batch.records()
 
 
