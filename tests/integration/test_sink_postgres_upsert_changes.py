@@ -98,8 +98,11 @@ def test_a_truncate_and_a_spec_that_splits_a_partition_are_refused_in_one_line(c
         )
 
     with pytest.raises(ConfigError, match="max_records_per_task >= max_records_per_partition"):
-        SINK_KIND.plan_checks(spec(), [config], 1, False)
+        SINK_KIND.plan_checks(
+            spec(max_records_per_partition=100_000, max_records_per_task=50_000), [config], 1, False
+        )
     SINK_KIND.plan_checks(spec(max_records_per_task=100_000), [config], 1, False)
+    SINK_KIND.plan_checks(spec(), [config], 1, False)  # the defaults: one task per partition's range
     records = Pipeline(
         name="upsert-records",
         source=KafkaSource(topics=("t",)),
